@@ -1,0 +1,137 @@
+"""`ppsim`: the command line. Every error is one line on stderr and exit code 2."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+
+from sim.errors import PipeSimError
+
+EPILOG_RUN = """examples:
+  ppsim run experiments/configs/default.toml --out runs/default
+  ppsim run experiments/configs/default.toml --set workload.rate_rps=6 --set parallel.pp=2 --out runs/pp2
+  ppsim run experiments/configs/default.toml --set scheduler.chunk_size_tokens=512 --json --out runs/c512
+"""
+
+EPILOG_MAIN = """examples:
+  ppsim run experiments/configs/default.toml --out runs/default
+  ppsim list
+  ppsim workload stats azure-conv-synth
+"""
+
+SUMMARY_KEYS = (
+    "status", "num_requests", "num_finished", "p50_ttft_ms", "p90_ttft_ms", "p99_ttft_ms", "p50_tpot_ms",
+    "p90_tpot_ms", "p99_tpot_ms", "p90_e2e_ms", "slo_attainment", "meets_p90_slo", "throughput_rps",
+    "p50_iter_ms", "p90_iter_ms", "p99_iter_ms", "bubble_fraction", "kv_capacity_tokens", "kv_peak_tokens",
+    "num_retractions", "duration_s",
+)
+
+
+def _fmt(v) -> str:
+    if isinstance(v, float):
+        return "nan" if math.isnan(v) else f"{v:.4g}" if abs(v) < 1e4 else f"{v:.0f}"
+    return str(v)
+
+
+def _jsonable(obj):
+    if isinstance(obj, float) and (math.isnan(obj) or math.isinf(obj)):
+        return None
+    if isinstance(obj, dict):
+        return {k: _jsonable(v) for k, v in obj.items()}
+    if hasattr(obj, "item"):
+        return obj.item()
+    return obj
+
+
+def cmd_run(args) -> int:
+    from sim import tomlout
+    from sim.config import load_config
+    from sim.engine.run import run
+    from sim.metrics import iterations_frame, requests_frame, summarize
+
+    cfg = load_config(args.config, args.set)
+    result = run(cfg)
+    req_df = requests_frame(result)
+    it_df = iterations_frame(result)
+    summary = summarize(result, req_df, it_df)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    req_df.to_csv(out / "requests.csv", index=False)
+    it_df.to_csv(out / "iterations.csv", index=False)
+    (out / "config.toml").write_text(tomlout.dumps(cfg.to_dict()))
+    (out / "summary.json").write_text(json.dumps(_jsonable(summary), indent=2, sort_keys=True) + "\n")
+    if result.decisions:
+        import pandas as pd
+
+        pd.DataFrame(result.decisions, columns=["time_s", "slot", "old_chunk", "new_chunk"]).to_csv(
+            out / "decisions.csv", index=False)
+    if args.json:
+        print(json.dumps(_jsonable(summary), indent=2, sort_keys=True))
+    else:
+        width = max(len(k) for k in SUMMARY_KEYS)
+        for k in SUMMARY_KEYS:
+            print(f"{k:<{width}}  {_fmt(summary.get(k))}")
+        if summary["reason"]:
+            print(f"{'reason':<{width}}  {summary['reason']}")
+        print(f"outputs written to {out}/")
+    return 0 if result.status == "ok" else 1
+
+
+def cmd_list(args) -> int:
+    from sim.config import REPO_ROOT
+    from sim.policies import chunk_policies, rebalancers
+    from sim.workloads import available_workloads
+
+    profiles = sorted(str(p.parent.relative_to(REPO_ROOT)) for p in (REPO_ROOT / "profiles").glob("*/*/tp*/meta.toml"))
+    print("profiles:\n  " + "\n  ".join(profiles or ["(none)"]))
+    print("workloads:\n  " + "\n  ".join(available_workloads() or ["(none)"]))
+    print("chunk policies:\n  " + "\n  ".join(chunk_policies.names()))
+    print("rebalancers:\n  " + "\n  ".join(rebalancers.names() or ["(none yet)"]))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="ppsim", description="PipeSim: simulate TP and pipeline-parallel LLM serving.",
+        epilog=EPILOG_MAIN, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    p = sub.add_parser("run", help="simulate one config and write its outputs", epilog=EPILOG_RUN,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("config", help="run config (TOML), e.g. experiments/configs/default.toml")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a config key (dotted path; value parsed as TOML); repeatable")
+    p.add_argument("--out", required=True, help="output folder")
+    p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    p.set_defaults(func=cmd_run)
+    p = sub.add_parser("list", help="show shipped profiles, workloads and policies")
+    p.set_defaults(func=cmd_list)
+    try:
+        from sim.workloads.cli import add_workload_commands
+    except ImportError:  # pragma: no cover - the workloads CLI ships with the workloads module
+        add_workload_commands = None
+    if add_workload_commands is not None:
+        add_workload_commands(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # argparse already printed a one-line usage error
+        return int(exc.code or 0)
+    try:
+        return int(args.func(args) or 0)
+    except PipeSimError as exc:
+        print(f"ppsim: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("ppsim: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,228 @@
+"""Run configuration: frozen dataclasses loaded from TOML, validated on load.
+
+A run config has the sections below; every key is checked (unknown keys, wrong types and
+out-of-range values are one-line `ConfigError`s naming the file, the key and what is
+allowed). `--set a.b=value` overrides parse `value` as a TOML value.
+
+    seed = 1
+    horizon_s = 0            # 0: drain every request
+    [parallel]  pp, tp
+    [scheduler] chunk_size_tokens, context_length_tokens, mem_fraction, kv_tokens,
+                max_running_requests, chunk_policy = {name, params}, rebalancer = {name, params}
+    [latency]   kind = "profile" | "constant", profile = "<dir>", noise_cv, stage_ms, overhead_ms
+    [slo]       ttft_ms, tpot_ms
+    [workload]  name = "<file in workloads/>" and overrides, or an inline kind (sim.workloads)
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import tomllib
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+from sim.errors import ConfigError
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+@dataclass(frozen=True)
+class PolicySpec:
+    """A plug-in named in config: `{name = "...", params = {...}}`."""
+
+    name: str = "static"
+    params: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ParallelConfig:
+    pp: int = 1
+    tp: int = 1
+
+    def validate(self, where: str) -> None:
+        for key in ("pp", "tp"):
+            if getattr(self, key) < 1:
+                raise ConfigError(f"{where}: [parallel] {key} must be >= 1, got {getattr(self, key)}")
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    chunk_size_tokens: int = 2048
+    context_length_tokens: int = 16384
+    mem_fraction: float = 0.9
+    kv_tokens: int = 0  # 0: computed from the profile's memory model
+    max_running_requests: int = 0  # 0: as SGLang derives it from the pool
+    chunk_policy: PolicySpec = field(default_factory=PolicySpec)
+    rebalancer: PolicySpec | None = None
+
+    def validate(self, where: str) -> None:
+        if self.chunk_size_tokens < 1:
+            raise ConfigError(f"{where}: [scheduler] chunk_size_tokens must be >= 1, got {self.chunk_size_tokens}")
+        if self.context_length_tokens < 8:
+            raise ConfigError(f"{where}: [scheduler] context_length_tokens must be >= 8")
+        if not 0 < self.mem_fraction <= 1:
+            raise ConfigError(f"{where}: [scheduler] mem_fraction must be in (0, 1], got {self.mem_fraction}")
+        if self.kv_tokens < 0 or self.max_running_requests < 0:
+            raise ConfigError(f"{where}: [scheduler] kv_tokens and max_running_requests must be >= 0")
+
+
+@dataclass(frozen=True)
+class LatencyConfig:
+    kind: str = "profile"
+    profile: str = "profiles/a100-pcie-40gb/qwen2.5-32b/tp1"
+    noise_cv: float = 0.0
+    stage_ms: float = 10.0  # kind = "constant" only
+    overhead_ms: float = 0.0  # kind = "constant" only
+
+    def validate(self, where: str) -> None:
+        if self.kind not in ("profile", "constant"):
+            raise ConfigError(f"{where}: [latency] kind must be one of: profile, constant; got {self.kind!r}")
+        if self.noise_cv < 0:
+            raise ConfigError(f"{where}: [latency] noise_cv must be >= 0, got {self.noise_cv}")
+
+    def profile_path(self) -> Path:
+        p = Path(self.profile)
+        return p if p.is_absolute() else REPO_ROOT / p
+
+
+@dataclass(frozen=True)
+class SLOConfig:
+    ttft_ms: float = 2000.0
+    tpot_ms: float = 200.0
+
+    def validate(self, where: str) -> None:
+        if self.ttft_ms <= 0 or self.tpot_ms <= 0:
+            raise ConfigError(f"{where}: [slo] ttft_ms and tpot_ms must be > 0")
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    seed: int = 1
+    horizon_s: float = 0.0
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    latency: LatencyConfig = field(default_factory=LatencyConfig)
+    slo: SLOConfig = field(default_factory=SLOConfig)
+    workload: Mapping[str, Any] = field(default_factory=dict)
+
+    def validate(self, where: str) -> None:
+        if self.horizon_s < 0:
+            raise ConfigError(f"{where}: horizon_s must be >= 0, got {self.horizon_s}")
+        if not self.workload:
+            raise ConfigError(f"{where}: missing section [workload]")
+        for sec in (self.parallel, self.scheduler, self.latency, self.slo):
+            sec.validate(where)
+
+    def to_dict(self) -> dict[str, Any]:
+        return _to_plain(dataclasses.asdict(self))
+
+
+def _to_plain(obj):
+    if isinstance(obj, Mapping):
+        return {k: _to_plain(v) for k, v in obj.items() if v is not None}
+    if isinstance(obj, (list, tuple)):
+        return [_to_plain(v) for v in obj]
+    return obj
+
+
+def _type_name(tp) -> str:
+    return getattr(tp, "__name__", str(tp))
+
+
+def _convert(value: Any, tp: Any, where: str, key: str) -> Any:
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        return _convert(value, args[0], where, key)
+    if dataclasses.is_dataclass(tp):
+        if not isinstance(value, Mapping):
+            raise ConfigError(f"{where}: [{key}] must be a table, got {value!r}")
+        return _from_table(tp, value, where, key)
+    if tp is Mapping[str, Any] or origin in (Mapping, dict, typing.Mapping):
+        if not isinstance(value, Mapping):
+            raise ConfigError(f"{where}: {key} must be a table, got {value!r}")
+        return copy.deepcopy(dict(value))
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"{where}: {key} must be a number, got {value!r}")
+        return float(value)
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{where}: {key} must be an integer, got {value!r}")
+        return value
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{where}: {key} must be true or false, got {value!r}")
+        return value
+    if tp is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"{where}: {key} must be a string, got {value!r}")
+        return value
+    raise TypeError(f"unsupported config type {tp}")
+
+
+def _from_table(cls, table: Mapping[str, Any], where: str, prefix: str = ""):
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls)]
+    for key in table:
+        if key not in names:
+            loc = f"[{prefix}] " if prefix else ""
+            raise ConfigError(f"{where}: {loc}unknown key {key!r}; allowed: {', '.join(names)}")
+    kwargs = {}
+    for name in names:
+        if name in table:
+            full = f"{prefix}.{name}" if prefix else name
+            kwargs[name] = _convert(table[name], hints[name], where, full)
+    return cls(**kwargs)
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    """`a.b.c=value` -> (['a','b','c'], value); value parsed as TOML, else a plain string."""
+    if "=" not in text:
+        raise ConfigError(f"--set {text!r}: expected key=value")
+    key, raw = text.split("=", 1)
+    path = [p for p in key.strip().split(".") if p]
+    if not path:
+        raise ConfigError(f"--set {text!r}: empty key")
+    try:
+        value = tomllib.loads(f"v = {raw.strip()}")["v"]
+    except tomllib.TOMLDecodeError:
+        value = raw.strip()
+    return path, value
+
+
+def apply_overrides(table: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    table = copy.deepcopy(table)
+    for text in overrides:
+        path, value = parse_override(text)
+        node = table
+        for part in path[:-1]:
+            nxt = node.setdefault(part, {})
+            if not isinstance(nxt, dict):
+                raise ConfigError(f"--set {text!r}: {part!r} is not a table")
+            node = nxt
+        node[path[-1]] = value
+    return table
+
+
+def config_from_table(table: Mapping[str, Any], where: str = "config") -> RunConfig:
+    cfg = _from_table(RunConfig, table, where)
+    cfg.validate(where)
+    return cfg
+
+
+def load_config(path: str | Path, overrides: list[str] | None = None) -> RunConfig:
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"{path}: config file not found")
+    try:
+        with path.open("rb") as fh:
+            table = tomllib.load(fh)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: invalid TOML: {exc}") from None
+    table = apply_overrides(table, overrides or [])
+    return config_from_table(table, str(path))

@@ -1,0 +1,160 @@
+"""The lock-step pipeline in SimPy: a scheduler process and one process per stage.
+
+Iteration k (decisions.md, "Engine timing"): the scheduler forms the micro-batch of slot
+k mod P from the requests that arrived before the iteration started; the iteration overhead
+(scheduler CPU time and the last stage's token broadcast, charged once, at its start) is
+paid, then every stage s works on the micro-batch that entered stage 0 at iteration k - s.
+The iteration ends when the slowest stage is done; then the micro-batch leaving the last
+stage has its tokens sampled. A slot is scheduled again
+only after its previous micro-batch was sampled, so P micro-batches are in flight. When the
+whole system is empty the clock jumps to the next arrival: no events while idle.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+import simpy
+
+from sim.engine.scheduler import RunFailed, Scheduler
+from sim.engine.state import Req
+from sim.engine.view import SchedulerView
+
+ITER_COLUMNS = (
+    "iteration", "slot", "start_s", "end_s", "mode", "num_tokens", "prefill_tokens", "num_prefill",
+    "num_decode", "chunk_size", "kv_used_tokens", "num_waiting", "num_running",
+)
+
+
+class Pipeline:
+    def __init__(self, env: simpy.Environment, sched: Scheduler, latency, chunk_policy,
+                 requests: list[Req], horizon_s: float = 0.0) -> None:
+        self.env = env
+        self.sched = sched
+        self.latency = latency
+        self.policy = chunk_policy
+        self.requests = requests
+        self.horizon_s = horizon_s
+        self.P = sched.num_slots
+        self.status = "ok"
+        self.reason = ""
+        self.decisions: list[tuple] = []  # (time_s, slot, old, new)
+        self.iters: dict[str, list] = {c: [] for c in ITER_COLUMNS}
+        self.stage_busy: list[tuple[float, ...]] = []
+        self.kv_peak = 0
+        # stage processes share one "go" event per iteration and count down to "done"
+        self.go = env.event()
+        self.done = env.event()
+        self.pending = 0
+        self.busy = [0.0] * self.P
+        for s in range(self.P):
+            env.process(self._stage(s))
+        self.proc = env.process(self._scheduler())
+
+    def _stage(self, s: int):
+        env = self.env
+        while True:
+            yield self.go
+            busy = self.busy[s]
+            if busy > 0:
+                yield env.timeout(busy)
+            self.pending -= 1
+            if self.pending == 0:
+                self.done.succeed()
+
+    def _scheduler(self):
+        env, sched, P = self.env, self.sched, self.P
+        reqs = self.requests
+        next_arrival = 0
+        inflight: deque = deque([None] * P, maxlen=P)
+        overhead = self.latency.iteration_overhead_s
+        horizon = self.horizon_s
+        idle_turns = 0
+        k = 0
+        while True:
+            now = env.now
+            if horizon and now >= horizon:
+                break
+            while next_arrival < len(reqs) and reqs[next_arrival].arrival_s <= now:
+                sched.add_waiting(reqs[next_arrival])
+                next_arrival += 1
+            if sched.is_idle() and not any(inflight):
+                if next_arrival >= len(reqs):
+                    break
+                # NOTE: the artifact's idle path resets the token-ratio estimate.
+                sched.new_token_ratio = 0.7
+                wake = reqs[next_arrival].arrival_s
+                if horizon and wake > horizon:
+                    yield env.timeout(horizon - now)
+                    break
+                yield env.timeout(wake - now)
+                continue
+            slot = k % P
+            new_chunk = self.policy.decide(SchedulerView(sched, now, slot, k))
+            if new_chunk is not None and new_chunk != sched.chunk_size:
+                self.decisions.append((now, slot, sched.chunk_size, new_chunk))
+                sched.chunk_size = new_chunk
+            kv_used = sched.kv_used()
+            try:
+                mb = sched.form_batch(slot, now)
+            except RunFailed as exc:
+                self.status, self.reason = "failed", str(exc)
+                break
+            if mb is not None:
+                mb.stage_s = self.latency.stage_times(mb.stats)
+                idle_turns = 0
+            inflight.appendleft(mb)
+            if not any(inflight):
+                # NOTE: the artifact's idle path resets the token-ratio estimate.
+                sched.new_token_ratio = 0.7
+                if sched.num_active == 0 and sched.chunked is None and sched.waiting:
+                    idle_turns += 1
+                    if idle_turns > 2 * P:
+                        r = sched.waiting[0]
+                        self.status = "failed"
+                        self.reason = (f"stuck at t={now:.3f}s: request {r.rid} ({r.fill_len} prompt tokens) "
+                                       f"cannot be admitted into a KV pool of {sched.kv_capacity} tokens")
+                        break
+            busy = self.busy
+            for s in range(P):
+                m = inflight[s]
+                busy[s] = m.stage_s[s] if m is not None else 0.0
+            if overhead > 0:
+                yield env.timeout(overhead)
+            self.pending = P
+            self.done = env.event()
+            go, self.go = self.go, env.event()
+            go.succeed()
+            yield self.done
+            end = env.now
+            self._record(k, slot, now, end, mb, kv_used)
+            out = inflight[P - 1]
+            if out is not None:
+                inflight[P - 1] = None  # it has left the pipeline
+                sched.process_result(out, end)
+            k += 1
+
+    def _record(self, k, slot, start, end, mb, kv_used) -> None:
+        it, sched = self.iters, self.sched
+        it["iteration"].append(k)
+        it["slot"].append(slot)
+        it["start_s"].append(start)
+        it["end_s"].append(end)
+        if mb is None:
+            it["mode"].append("idle")
+            for c in ("num_tokens", "prefill_tokens", "num_prefill", "num_decode"):
+                it[c].append(0)
+        else:
+            st = mb.stats
+            it["mode"].append(mb.mode)
+            it["num_tokens"].append(st.num_tokens)
+            it["prefill_tokens"].append(st.prefill_tokens)
+            it["num_prefill"].append(st.num_prefill)
+            it["num_decode"].append(st.num_decode)
+        it["chunk_size"].append(sched.chunk_size)
+        used = sched.kv_used()
+        self.kv_peak = max(self.kv_peak, used, kv_used)
+        it["kv_used_tokens"].append(used)
+        it["num_waiting"].append(len(sched.waiting))
+        it["num_running"].append(sched.num_active)
+        self.stage_busy.append(tuple(self.busy))

@@ -1,0 +1,90 @@
+"""`run(config) -> RunResult`: build the workload, latency model and policies, simulate.
+
+Pure: no files are written here (the CLI and the experiment layer do I/O).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import simpy
+
+from sim.config import RunConfig
+from sim.engine.pipeline import Pipeline
+from sim.engine.scheduler import Scheduler
+from sim.engine.state import Req
+from sim.errors import ConfigError
+from sim.latency.base import latency_models
+from sim.latency.constant import ConstantLatencyModel  # noqa: F401  (registers "constant")
+from sim.latency.profiled import Profile, ProfiledLatencyModel
+from sim.policies import chunk_policies, rebalancers
+from sim.rng import stream
+from sim.workloads import RequestSpec, build_workload
+
+
+@dataclass
+class RunResult:
+    config: RunConfig
+    status: str  # "ok" or "failed"
+    reason: str
+    requests: list[Req]
+    iterations: dict
+    stage_busy: list
+    decisions: list
+    kv_capacity_tokens: int
+    kv_peak_tokens: int
+    max_running_requests: int
+    end_s: float
+    extras: dict = field(default_factory=dict)
+
+
+def build_latency(cfg: RunConfig):
+    lat, pp = cfg.latency, cfg.parallel.pp
+    if lat.kind == "constant":
+        return ConstantLatencyModel(pp, lat.stage_ms, lat.overhead_ms)
+    profile = Profile.load(lat.profile_path())
+    if profile.tp != cfg.parallel.tp:
+        raise ConfigError(
+            f"config [parallel] tp = {cfg.parallel.tp} but profile {lat.profile} is for tp = {profile.tp}"
+        )
+    return ProfiledLatencyModel(profile, pp, noise_cv=lat.noise_cv, rng=stream(cfg.seed, "latency-noise"))
+
+
+def pool_sizes(cfg: RunConfig, latency) -> tuple[int, int, int, int]:
+    """(kv tokens per stage, max_running_requests, max_req_len, max_req_input_len) as SGLang."""
+    sc = cfg.scheduler
+    kv = sc.kv_tokens
+    if kv == 0:
+        if not hasattr(latency, "kv_capacity_tokens") or latency.kv_capacity_tokens(sc.mem_fraction) is None:
+            raise ConfigError("config [scheduler] kv_tokens must be set when the latency model has no memory model")
+        kv = latency.kv_capacity_tokens(sc.mem_fraction)
+    if kv <= 0:
+        raise ConfigError("the model does not fit in GPU memory with this split (KV pool <= 0 tokens)")
+    max_num_reqs = min(max(int(kv / sc.context_length_tokens * 512), 2048), 4096)
+    max_running = sc.max_running_requests or min(kv // 2, max_num_reqs + 1)
+    max_req_len = min(sc.context_length_tokens - 1, kv - 1)
+    return kv, max_running, max_req_len, max_req_len - 5
+
+
+def run(cfg: RunConfig, requests: list[RequestSpec] | None = None) -> RunResult:
+    """Simulate one run. `requests` overrides the config's workload (used by sweeps)."""
+    if requests is None:
+        requests = build_workload(cfg.workload, seed=cfg.seed)
+    latency = build_latency(cfg)
+    kv, max_running, max_req_len, max_input = pool_sizes(cfg, latency)
+    sc = cfg.scheduler
+    params = dict(sc.chunk_policy.params)
+    params.setdefault("chunk_size_tokens", sc.chunk_size_tokens)
+    policy = chunk_policies.build(sc.chunk_policy.name, where="config [scheduler.chunk_policy]", **params)
+    if sc.rebalancer is not None:
+        rebalancers.get(sc.rebalancer.name, where="config [scheduler.rebalancer]")
+    sched = Scheduler(cfg.parallel.pp, kv, max_running, policy.initial_chunk())
+    reqs = [Req(r.req_id, r.arrival_s, r.prompt_tokens, r.output_tokens, max_input, max_req_len) for r in requests]
+    env = simpy.Environment()
+    pipe = Pipeline(env, sched, latency, policy, reqs, cfg.horizon_s)
+    env.run(until=pipe.proc)
+    return RunResult(
+        config=cfg, status=pipe.status, reason=pipe.reason, requests=reqs, iterations=pipe.iters,
+        stage_busy=pipe.stage_busy, decisions=pipe.decisions, kv_capacity_tokens=kv,
+        kv_peak_tokens=pipe.kv_peak, max_running_requests=max_running, end_s=env.now,
+    )

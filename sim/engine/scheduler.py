@@ -1,0 +1,348 @@
+"""The FastPP / SGLang 0.4.1 scheduler step, without a clock.
+
+`Scheduler.form_batch(slot, now_s)` does what `get_next_batch_to_run` does for one micro-batch
+slot (fastpp-system-model.md sections 1.4-1.9): retire the slot's previous micro-batch, try a
+prefill/mixed batch under the chunk budget (at most one request being chunked, its chunks
+moving through consecutive slots), else a decode-only batch with the only OOM retraction.
+`Scheduler.process_result(mb, now_s)` emits tokens when a micro-batch leaves the last stage.
+The clock (SimPy) lives in `sim.engine.pipeline`; this module only moves tokens and KV.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+import numpy as np
+
+from sim.engine.state import DECODE, EXTEND, FINISHED, MIXED, RUNNING, WAITING, MicroBatch, Req
+
+# SGLang / FastPP constants (python/sglang/global_config.py, schedule_policy.py).
+CLIP_MAX_NEW_TOKENS = 4096
+RETRACT_DECODE_STEPS = 20
+INIT_NEW_TOKEN_RATIO = 0.7
+MIN_NEW_TOKEN_RATIO = 0.7 * 0.14
+NEW_TOKEN_RATIO_DECAY = (INIT_NEW_TOKEN_RATIO - MIN_NEW_TOKEN_RATIO) / 600
+
+CONTINUE, NO_TOKEN, OTHER = "continue", "no_token", "other"
+
+
+class RunFailed(Exception):
+    """The real server would exit here (e.g. KV allocation failure in a prefill batch)."""
+
+
+class Slot:
+    """Per-slot state: `running` is SGLang's running_batch (None while a mixed/extend
+    micro-batch of this slot is in flight), `last` the micro-batch last launched."""
+
+    __slots__ = ("index", "running", "last")
+
+    def __init__(self, index: int) -> None:
+        self.index = index
+        self.running: list[Req] | None = None
+        self.last: MicroBatch | None = None
+
+
+class Scheduler:
+    def __init__(self, num_slots: int, kv_tokens: int, max_running_requests: int, chunk_size: int) -> None:
+        self.num_slots = num_slots
+        self.kv_capacity = kv_tokens
+        self.kv_free = kv_tokens
+        self.max_running = max_running_requests
+        self.chunk_size = chunk_size
+        self.slots = [Slot(i) for i in range(num_slots)]
+        self.waiting: deque[Req] = deque()
+        self.chunked: Req | None = None
+        self.batch_is_full = False
+        self.new_token_ratio = INIT_NEW_TOKEN_RATIO
+        self.num_active = 0  # admitted, not finished, not retracted
+        self.num_launched = 0
+        # Samples the controllers read (server-side signals, fastpp-system-model.md 2.2).
+        self.ttft_samples: list[float] = []
+        self.finished: list[Req] = []
+        self.retractions = 0
+
+    # ------------------------------------------------------------------ helpers
+    def add_waiting(self, req: Req) -> None:
+        self.waiting.append(req)
+
+    def kv_used(self) -> int:
+        return self.kv_capacity - self.kv_free
+
+    def _alloc(self, req: Req, tokens: int, what: str, now_s: float) -> None:
+        if tokens > self.kv_free:
+            raise RunFailed(
+                f"KV allocation failed at t={now_s:.3f}s in a {what} batch: request {req.rid} needs "
+                f"{tokens} tokens, {self.kv_free} of {self.kv_capacity} free (the real server exits)"
+            )
+        self.kv_free -= tokens
+        req.kv_held += tokens
+
+    def _free(self, req: Req) -> None:
+        self.kv_free += req.kv_held
+        req.kv_held = 0
+
+    def is_idle(self) -> bool:
+        return self.num_active == 0 and not self.waiting and self.chunked is None
+
+    # ------------------------------------------------------------------ one step
+    def form_batch(self, slot_idx: int, now_s: float) -> MicroBatch | None:
+        """Form the next micro-batch of `slot_idx` (None: the slot has nothing to run)."""
+        slot = self.slots[slot_idx]
+        self._retire(slot)
+        mb = self._prefill_batch(slot, now_s)
+        if mb is None:
+            mb = self._decode_batch(slot, now_s)
+        slot.last = mb
+        if mb is not None:
+            self.num_launched += 1
+        return mb
+
+    def _retire(self, slot: Slot) -> None:
+        """Step 1 of get_next_batch_to_run: a finished prefill/mixed micro-batch becomes the
+        slot's running batch, without the request whose chunks moved on."""
+        last = slot.last
+        if last is None or last.mode == DECODE:
+            return
+        reqs = [r for r in last.requests() if r is not last.chunked]
+        kept = [r for r in reqs if not r.finished]
+        if len(kept) < len(reqs):
+            self.batch_is_full = False
+        if kept:
+            if slot.running is None:
+                slot.running = kept
+            else:
+                slot.running.extend(kept)
+        slot.last = None
+
+    def _reserved_output_tokens(self) -> float:
+        total = 0
+        for s in self.slots:
+            if s.running:
+                for r in s.running:
+                    total += min(r.max_new - r.out_len, CLIP_MAX_NEW_TOKENS)
+        return total * self.new_token_ratio
+
+    def _prefill_batch(self, slot: Slot, now_s: float) -> MicroBatch | None:
+        chunked = self.chunked
+        if (self.batch_is_full or not self.waiting) and chunked is None:
+            return None
+        running_bs = len(slot.running) if slot.running else 0
+        if running_bs >= self.max_running:
+            self.batch_is_full = True
+            return None
+        adder = PrefillAdder(self, running_bs)
+        if chunked is not None:
+            adder.add_chunked(chunked)
+        admitted = 0
+        for req in self.waiting:
+            if running_bs + len(adder.can_run) >= self.max_running:
+                self.batch_is_full = True
+                break
+            res = adder.add_one(req)
+            admitted += adder.admitted_last
+            if res is not CONTINUE:
+                if res is NO_TOKEN:
+                    self.batch_is_full = True
+                break
+        if not adder.can_run:
+            return None
+        for _ in range(admitted):
+            req = self.waiting.popleft()
+            req.state = RUNNING
+            req.slot = slot.index
+            if req.admit_s is None:
+                req.admit_s = now_s
+            self.num_active += 1
+        # Allocation: prefill tokens first (prepare_for_extend), then one per decode.
+        prefill = []
+        for req, new in adder.can_run:
+            self._alloc(req, new, "prefill", now_s)
+            prefill.append((req, new, req.prefix_len))
+            req.prefix_len += new
+            req.num_chunks += 1
+            req.slot = slot.index
+        self.chunked = adder.new_chunked
+        decodes: list[Req] = []
+        mode = EXTEND
+        if slot.running is not None:
+            live = [r for r in slot.running if not r.finished]
+            if live:
+                for r in live:
+                    self._alloc(r, 1, "mixed", now_s)
+                decodes = live
+                mode = MIXED
+            slot.running = None
+        return MicroBatch(self.num_launched, slot.index, mode, prefill, decodes, adder.new_chunked, self.chunk_size)
+
+    def _decode_batch(self, slot: Slot, now_s: float) -> MicroBatch | None:
+        """update_running_batch: filter, retract on OOM, allocate one slot per request."""
+        if slot.running is None:
+            return None
+        before = len(slot.running)
+        live = [r for r in slot.running if not r.finished]
+        if not live:
+            self.batch_is_full = False
+            slot.running = None
+            return None
+        if len(live) < before:
+            self.batch_is_full = False
+        if self.kv_free < len(live):
+            live = self._retract(live)
+            self.batch_is_full = False
+        else:
+            self.new_token_ratio = max(self.new_token_ratio - NEW_TOKEN_RATIO_DECAY, MIN_NEW_TOKEN_RATIO)
+        for r in live:
+            self._alloc(r, 1, "decode", now_s)
+        slot.running = live
+        return MicroBatch(self.num_launched, slot.index, DECODE, [], live, None, self.chunk_size)
+
+    def _retract(self, live: list[Req]) -> list[Req]:
+        """retract_decode: drop the requests with the fewest generated tokens (ties: the
+        longest prompt) until 20 decode steps of room remain; they re-queue at the tail."""
+        order = sorted(live, key=lambda r: (r.out_len, -r.prompt_len), reverse=True)
+        retracted = []
+        first = True
+        while self.kv_free < len(order) * RETRACT_DECODE_STEPS or first:
+            if len(order) == 1:
+                break
+            first = False
+            req = order.pop()
+            self._free(req)
+            req.prefix_len = 0
+            req.fill_len = req.prompt_len + req.out_len
+            req.state = WAITING
+            req.num_retractions += 1
+            self.num_active -= 1
+            retracted.append(req)
+        self.retractions += len(retracted)
+        decoded = sum(r.out_len for r in order)
+        max_new = sum(r.max_new for r in order)
+        self.new_token_ratio = min(1.0, (decoded + RETRACT_DECODE_STEPS * len(order)) / max_new)
+        self.waiting.extend(retracted)
+        keep = set(id(r) for r in order)
+        return [r for r in live if id(r) in keep]
+
+    # ------------------------------------------------------------------ results
+    def process_result(self, mb: MicroBatch, now_s: float) -> None:
+        """Sample one token for every request of `mb` except a cut chunk (artifact 1.6)."""
+        chunked = mb.chunked
+        for req, _new, _prefix in mb.prefill:
+            if req is not chunked:
+                self._emit(req, now_s)
+        for req in mb.decodes:
+            self._emit(req, now_s)
+
+    def _emit(self, req: Req, now_s: float) -> None:
+        req.out_len += 1
+        if req.first_token_s is None:
+            req.first_token_s = now_s
+            self.ttft_samples.append(now_s - req.arrival_s)
+        if req.out_len >= req.max_new:
+            req.finished = True
+            req.state = FINISHED
+            req.finish_s = now_s
+            self._free(req)
+            self.num_active -= 1
+            self.finished.append(req)
+
+
+class PrefillAdder:
+    """SGLang's PrefillAdder for ignore-EOS requests with FastPP's pipeline margin.
+
+    Budgets (section 1.5): the chunk budget counts one token per decode request of the slot;
+    the memory test (section 1.8) walks the running requests of every slot whose running
+    batch is visible, sorted by tokens left, and refuses a request that could run the pool dry.
+    """
+
+    def __init__(self, sched: Scheduler, running_bs: int) -> None:
+        self.sched = sched
+        free = sched.kv_free
+        chunk = sched.chunk_size
+        self.rem_chunk = chunk - running_bs
+        self.rem_input = chunk - running_bs
+        self.cur_rem = free - running_bs
+        self.rem_total = free - running_bs - sched._reserved_output_tokens()
+        self.margin = sched.num_slots - 1
+        self.can_run: list[tuple[Req, int]] = []
+        self.new_chunked: Req | None = None
+        self.states: list[tuple[float, int]] | None = None
+        self.admitted_last = 0
+
+    def _take(self, new: int, reserve: int) -> None:
+        self.rem_total -= new + reserve
+        self.cur_rem -= new
+        self.rem_input -= new
+        self.rem_chunk -= new
+
+    def budget_state(self) -> str:
+        if self.rem_total <= 0 or self.cur_rem <= 0:
+            return NO_TOKEN
+        if self.rem_input <= 0 or self.rem_chunk <= 0:
+            return OTHER
+        return CONTINUE
+
+    def add_chunked(self, req: Req) -> None:
+        """add_inflight_req: the request being chunked continues first, in this slot."""
+        remaining = req.fill_len - req.prefix_len
+        # NOTE: with more decodes than the chunk budget the artifact would compute a
+        # non-positive extend; the chunk then waits for a later slot (0 tokens here).
+        new = max(0, min(remaining, self.rem_chunk))
+        truncated = remaining > new
+        self._take(new, 0 if truncated else min(req.max_new, CLIP_MAX_NEW_TOKENS))
+        if new > 0:
+            self.can_run.append((req, new))
+        self.new_chunked = req if truncated else None
+
+    def _state(self, r: Req) -> tuple[float, int] | None:
+        left = r.max_new - r.out_len + self.margin
+        return (left, r.prompt_len + r.out_len) if left > 0 else None
+
+    def _passes_memory_test(self, req: Req) -> bool:
+        if self.states is None:
+            states = [self._state(req)]
+            for s in self.sched.slots:
+                if s.running:
+                    states.extend(self._state(r) for r in s.running)
+            states.extend(self._state(r) for r, _ in self.can_run)
+            self.states = [s for s in states if s is not None]
+            self.states.sort(key=lambda x: x[0])
+        else:
+            st = self._state(req)
+            if st is not None:
+                # NOTE: SGLang's insertion loop leaves i = len-1 when no element is larger,
+                # so a new largest entry lands before the last one; kept for fidelity.
+                i = 0
+                for i in range(len(self.states)):
+                    if st[0] <= self.states[i][0]:
+                        break
+                self.states.insert(i, st)
+        if not self.states:
+            return True
+        arr = np.asarray(self.states, dtype=float)
+        left, occ = arr[:, 0], arr[:, 1]
+        n = len(left)
+        steps = np.empty(n)
+        steps[:-1] = left[1:]
+        steps[-1] = left[-1]
+        freed = np.concatenate(([0.0], np.cumsum(occ)[:-1]))
+        rem = self.cur_rem - req.prompt_len
+        return not np.any(rem + freed - steps * (n - np.arange(n)) <= 0)
+
+    def add_one(self, req: Req) -> str:
+        """add_one_req_ignore_eos; sets `admitted_last` to 1 if `req` joined the batch."""
+        self.admitted_last = 0
+        if not self._passes_memory_test(req):
+            return NO_TOKEN
+        new = req.fill_len - req.prefix_len
+        if new <= self.rem_chunk:
+            self.can_run.append((req, new))
+            self._take(new, min(req.max_new, CLIP_MAX_NEW_TOKENS))
+        else:
+            if self.rem_chunk <= 0:
+                return OTHER
+            cut = self.rem_chunk
+            self.can_run.append((req, cut))
+            self.new_chunked = req
+            self._take(cut, 0)
+        self.admitted_last = 1
+        return self.budget_state()

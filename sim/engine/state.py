@@ -1,0 +1,96 @@
+"""Runtime state of requests and micro-batches inside the simulated server."""
+
+from __future__ import annotations
+
+from sim.latency.base import BatchStats
+
+DECODE, EXTEND, MIXED = "decode", "extend", "mixed"
+
+# Request lifecycle states (final ones: FINISHED, and at a horizon or failure the others).
+WAITING, RUNNING, FINISHED = "waiting", "running", "finished"
+
+
+class Req:
+    """One request as the server sees it (SGLang's `Req`, reduced to what timing needs).
+
+    Token accounting: `fill_len` tokens (prompt + output generated before a retraction) must
+    be prefilled; `prefix_len` of them are already in the KV cache; `kv_held` counts every
+    KV slot the request holds (prefilled tokens + one per decode step).
+    """
+
+    __slots__ = (
+        "rid", "arrival_s", "prompt_len", "orig_prompt_len", "max_new", "orig_output_len",
+        "out_len", "fill_len", "prefix_len", "kv_held", "slot", "state", "admit_s",
+        "first_token_s", "finish_s", "num_chunks", "num_retractions", "truncated_prompt",
+        "clipped_output", "finished",
+    )
+
+    def __init__(self, rid: int, arrival_s: float, prompt_len: int, output_len: int,
+                 max_req_input_len: int, max_req_len: int) -> None:
+        self.rid = rid
+        self.arrival_s = arrival_s
+        self.orig_prompt_len = prompt_len
+        self.orig_output_len = output_len
+        # NOTE: the artifact truncates over-long prompts and clips max_new_tokens to the
+        # context limit (scheduler.py handle_generate_request); both are recorded as flags.
+        self.truncated_prompt = prompt_len > max_req_input_len
+        self.prompt_len = min(prompt_len, max_req_input_len)
+        self.max_new = max(1, min(output_len, max_req_len - self.prompt_len - 1))
+        self.clipped_output = self.max_new < output_len
+        self.out_len = 0
+        self.fill_len = self.prompt_len
+        self.prefix_len = 0
+        self.kv_held = 0
+        self.slot = -1
+        self.state = WAITING
+        self.admit_s = None
+        self.first_token_s = None
+        self.finish_s = None
+        self.num_chunks = 0
+        self.num_retractions = 0
+        self.finished = False
+
+    @property
+    def context_len(self) -> int:
+        return self.prompt_len + self.out_len
+
+    def __repr__(self) -> str:
+        return f"Req({self.rid}, p={self.prompt_len}, out={self.out_len}/{self.max_new}, slot={self.slot}, {self.state})"
+
+
+class MicroBatch:
+    """One micro-batch launched from a slot.
+
+    `prefill` holds (request, new tokens, prefix tokens) pieces in batch order (a continuing
+    chunk first, then new requests); `decodes` the slot's running requests (1 token each);
+    `chunked` is the request whose prompt was cut by this micro-batch (it emits no token).
+    """
+
+    __slots__ = ("index", "slot", "mode", "prefill", "decodes", "chunked", "stats", "stage_s", "chunk_size")
+
+    def __init__(self, index: int, slot: int, mode: str, prefill: list, decodes: list,
+                 chunked: Req | None, chunk_size: int) -> None:
+        self.index = index
+        self.slot = slot
+        self.mode = mode
+        self.prefill = prefill
+        self.decodes = decodes
+        self.chunked = chunked
+        self.chunk_size = chunk_size
+        c2 = cp = tokens = 0
+        for _req, new, prefix in prefill:
+            tokens += new
+            c2 += new * new
+            cp += new * prefix
+        ctx = 0
+        for r in decodes:
+            ctx += r.prompt_len + r.out_len
+        self.stats = BatchStats(tokens, len(prefill), c2, cp, len(decodes), ctx)
+        self.stage_s: tuple[float, ...] = ()
+
+    @property
+    def num_reqs(self) -> int:
+        return len(self.prefill) + len(self.decodes)
+
+    def requests(self) -> list[Req]:
+        return [p[0] for p in self.prefill] + list(self.decodes)

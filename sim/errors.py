@@ -1,0 +1,16 @@
+"""Errors that the command line turns into one-line messages and exit code 2."""
+
+
+class PipeSimError(Exception):
+    """A user-facing error: bad config, bad data file, missing trace.
+
+    The message is one line that names the file, the field and the allowed values.
+    """
+
+
+class ConfigError(PipeSimError):
+    """A config file or override is invalid."""
+
+
+class DataError(PipeSimError):
+    """A data file (trace, profile table) is missing or malformed."""

@@ -1,0 +1,291 @@
+"""Table-driven ground-truth latency from a profile directory (see profiles/FORMAT.md).
+
+Stage time for a micro-batch of T = prefill tokens + decode requests, on a stage holding n
+layers of a TP-t shard:
+
+    n * [ layer(T) * s(T) + s_comp * prefill_attention + s_mem * decode_attention ]
+      + comm (PP activation send to the next stage; 2 all-reduces per layer when t > 1)
+      + first-stage embedding, last-stage LM head and sampling
+
+`layer(T)` rounds T up to the profile grid and takes the running maximum, so more tokens
+never cost less. The iteration overhead (CPU scheduling + token broadcast) is charged once
+per lock-step iteration by the engine. Optional multiplicative noise (off by default) makes
+the stage time a seeded random variable, so online predictors face a realistic target.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from sim.errors import DataError
+from sim.latency.base import BatchStats, StepTime, latency_models
+
+GIB = 1 << 30
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    num_layers: int
+    hidden_size: int
+    num_q_heads: int
+    num_kv_heads: int
+    head_dim: int
+    vocab_size: int
+    layer_params: float
+    embedding_params: float
+    dtype_bytes: int
+
+
+def _read_csv(path: Path, required: list[str]) -> pd.DataFrame:
+    if not path.is_file():
+        raise DataError(f"{path}: profile table missing")
+    df = pd.read_csv(path)
+    for col in required:
+        if col not in df.columns:
+            raise DataError(f"{path}: missing column {col!r}; required: {', '.join(required)}")
+    return df
+
+
+def _need(table: dict, key: str, where: str, *, positive: bool = True) -> float:
+    if key not in table:
+        raise DataError(f"{where}: missing key {key!r}")
+    val = table[key]
+    if isinstance(val, bool) or not isinstance(val, (int, float)) or (positive and val <= 0) or val < 0:
+        raise DataError(f"{where}: key {key!r} must be a {'positive' if positive else 'non-negative'} number, got {val!r}")
+    return float(val)
+
+
+class Profile:
+    """The parsed contents of one profile directory (tables + meta), no timing logic."""
+
+    def __init__(self, path: Path, meta: dict, grid: np.ndarray, layer_ms: np.ndarray,
+                 attention: dict[str, dict[str, float]], comm: pd.DataFrame | None) -> None:
+        self.path = path
+        self.meta = meta
+        self.grid = grid
+        self.layer_ms = layer_ms
+        self.attention = attention
+        self.comm = comm
+
+    @classmethod
+    def load(cls, path: str | Path) -> "Profile":
+        path = Path(path)
+        meta_path = path / "meta.toml"
+        if not meta_path.is_file():
+            raise DataError(f"{meta_path}: not a profile directory (meta.toml missing)")
+        try:
+            meta = tomllib.loads(meta_path.read_text())
+        except tomllib.TOMLDecodeError as exc:
+            raise DataError(f"{meta_path}: invalid TOML: {exc}") from None
+        for section in ("profile", "model", "lookup", "scaling", "overhead", "comm", "memory"):
+            if section not in meta:
+                raise DataError(f"{meta_path}: missing section [{section}]")
+        units = meta["profile"].get("units", {})
+        if units.get("time", "ms") != "ms":
+            raise DataError(f"{meta_path}: [profile] units.time must be 'ms', got {units.get('time')!r}")
+        lay_path = path / "layer_nonattn.csv"
+        lay = _read_csv(lay_path, ["num_tokens", "layer_nonattn_ms"])
+        grid = lay["num_tokens"].to_numpy()
+        if not np.issubdtype(grid.dtype, np.integer) or len(grid) == 0 or grid[0] < 1:
+            raise DataError(f"{lay_path}: column 'num_tokens' must hold integers >= 1")
+        if np.any(np.diff(grid) <= 0):
+            raise DataError(f"{lay_path}: column 'num_tokens' must be strictly increasing (sorted, unique)")
+        ms = lay["layer_nonattn_ms"].to_numpy(dtype=float)
+        if np.any(~np.isfinite(ms)) or np.any(ms <= 0):
+            raise DataError(f"{lay_path}: column 'layer_nonattn_ms' must hold positive numbers (ms)")
+        att_path = path / "attention.csv"
+        att = _read_csv(att_path, ["component", "a_ms", "b_c", "b_c2", "b_cp", "b_ctx"]).fillna(0.0)
+        attention = {}
+        for comp in ("prefill", "decode"):
+            rows = att[att["component"] == comp]
+            if len(rows) != 1:
+                raise DataError(f"{att_path}: column 'component' needs exactly one {comp!r} row")
+            attention[comp] = {k: float(rows.iloc[0][k]) for k in ("a_ms", "b_c", "b_c2", "b_cp", "b_ctx")}
+        comm = None
+        if meta["comm"].get("model", "alpha-beta") == "table":
+            comm = _read_csv(path / "comm.csv", ["op", "num_workers", "bytes", "ms"])
+        return cls(path, meta, grid.astype(np.int64), np.maximum.accumulate(ms), attention, comm)
+
+    @property
+    def tp(self) -> int:
+        return int(self.meta["profile"].get("tp", 1))
+
+    @property
+    def model_id(self) -> str:
+        return str(self.meta["profile"].get("model", self.path.parent.name))
+
+    def shape(self) -> ModelShape:
+        m, where = self.meta["model"], f"{self.path / 'meta.toml'} [model]"
+        return ModelShape(
+            num_layers=int(_need(m, "num_layers", where)),
+            hidden_size=int(_need(m, "hidden_size", where)),
+            num_q_heads=int(_need(m, "num_q_heads", where)),
+            num_kv_heads=int(_need(m, "num_kv_heads", where)),
+            head_dim=int(_need(m, "head_dim", where)),
+            vocab_size=int(_need(m, "vocab_size", where)),
+            layer_params=_need(m, "layer_params", where),
+            embedding_params=_need(m, "embedding_params", where),
+            dtype_bytes=int(m.get("dtype_bytes", 2)),
+        )
+
+
+def stage_layers(num_layers: int, pp: int) -> list[int]:
+    """Layers per stage as the artifact splits them: floor(L/pp) each, the last takes the rest."""
+    base = num_layers // pp
+    return [base] * (pp - 1) + [num_layers - base * (pp - 1)]
+
+
+def kv_capacity_tokens(profile: Profile, pp: int, mem_fraction: float) -> int:
+    """KV pool tokens per stage, as SGLang 0.4.1 sizes it (profile_max_num_token).
+
+    Each GPU: (free after load - M_init * (1 - mem_fraction)) / cell. With pp > 1 every rank
+    adopts the mean of rank 0's and rank 1's values, rounded down to a multiple of pp.
+    """
+    shape, tp = profile.shape(), profile.tp
+    mem = profile.meta["memory"]
+    where = f"{profile.path / 'meta.toml'} [memory]"
+    m_init = _need(mem, "m_init_gib", where)
+    layers = stage_layers(shape.num_layers, pp)
+    kv_heads = max(1, shape.num_kv_heads // tp)
+
+    def rank_tokens(stage: int) -> int:
+        weights = layers[stage] * shape.layer_params / tp * shape.dtype_bytes
+        if stage == 0:
+            weights += shape.embedding_params / tp * shape.dtype_bytes
+        if stage == pp - 1:
+            weights += shape.embedding_params / tp * shape.dtype_bytes  # untied LM head
+        after_load = m_init - weights / GIB
+        cell = kv_heads * shape.head_dim * layers[stage] * 2 * shape.dtype_bytes
+        return int((after_load - m_init * (1 - mem_fraction)) * GIB // cell)
+
+    if pp == 1:
+        return max(0, rank_tokens(0))
+    avg = (rank_tokens(0) + rank_tokens(1)) // 2
+    return max(0, avg // pp * pp)
+
+
+@latency_models.register("profile")
+class ProfiledLatencyModel:
+    """Ground truth from a profile directory, composed into `pp` stages."""
+
+    def __init__(self, profile: Profile, pp: int, noise_cv: float = 0.0, rng=None) -> None:
+        self.profile = profile
+        self.num_stages = pp
+        meta = profile.meta
+        where = f"{profile.path / 'meta.toml'}"
+        sc, ov, cm = meta["scaling"], meta["overhead"], meta["comm"]
+        self.mode = meta["lookup"].get("mode", "grid")
+        if self.mode not in ("grid", "bucket128"):
+            raise DataError(f"{where} [lookup]: mode must be 'grid' or 'bucket128', got {self.mode!r}")
+        self.s_mem = _need(sc, "s_mem", where + " [scaling]")
+        self.s_comp = _need(sc, "s_comp", where + " [scaling]")
+        self.t_mem = _need(sc, "mem_bound_tokens", where + " [scaling]")
+        self.t_comp = _need(sc, "comp_bound_tokens", where + " [scaling]")
+        self.shape = profile.shape()
+        self.tp = profile.tp
+        self.layers = stage_layers(self.shape.num_layers, pp)
+        w = where + " [overhead]"
+        self.cpu_s = _need(ov, "cpu_ms", w, positive=False) / 1e3
+        self.broadcast_s = _need(ov, "broadcast_us", w, positive=False) / 1e6 if pp > 1 else 0.0
+        self.lm_head_s = _need(ov, "lm_head_ms", w, positive=False) / 1e3 * self.s_mem / self.tp
+        self.embedding_s = _need(ov, "embedding_ms", w, positive=False) / 1e3
+        self.sample_s = _need(ov, "sample_ms", w, positive=False) / 1e3
+        w = where + " [comm]"
+        self.act_bytes = _need(cm, "activation_bytes_per_token", w)
+        self.p2p_alpha_s = _need(cm, "p2p_alpha_us", w, positive=False) / 1e6
+        self.p2p_bw = _need(cm, "p2p_bw_gbps", w) * 1e9
+        self.ar_alpha_s = _need(cm, "allreduce_alpha_us", w, positive=False) / 1e6
+        self.ar_bw = _need(cm, "allreduce_busbw_gbps", w) * 1e9
+        self.iteration_overhead_s = self.cpu_s + self.broadcast_s
+        self.noise_cv = float(noise_cv)
+        self.rng = rng
+        self._grid = profile.grid.tolist()
+        self._ms = profile.layer_ms.tolist()
+        self._cache: dict[tuple, tuple[float, ...]] = {}
+        if self.noise_cv > 0 and rng is None:
+            raise ValueError("noise_cv > 0 needs an rng stream")
+
+    # -- building blocks (seconds, one layer unless stated) --
+    def scale(self, tokens: int) -> float:
+        """s(T): memory-bound factor up to t_mem tokens, compute-bound from t_comp, log-interpolated."""
+        if tokens <= self.t_mem:
+            return self.s_mem
+        if tokens >= self.t_comp:
+            return self.s_comp
+        frac = math.log(tokens / self.t_mem) / math.log(self.t_comp / self.t_mem)
+        return self.s_mem + (self.s_comp - self.s_mem) * frac
+
+    def layer_nonattn_s(self, tokens: int) -> float:
+        if tokens <= 0:
+            return 0.0
+        if self.mode == "bucket128":
+            tokens = ((tokens - 1) // 128 + 1) * 128
+        grid, ms = self._grid, self._ms
+        i = bisect.bisect_left(grid, tokens)
+        if i < len(grid):
+            return ms[i] / 1e3
+        # NOTE: beyond the grid, extrapolate linearly from the last two points.
+        slope = (ms[-1] - ms[-2]) / (grid[-1] - grid[-2])
+        return (ms[-1] + slope * (tokens - grid[-1])) / 1e3
+
+    def attention_s(self, st: BatchStats) -> float:
+        t = 0.0
+        if st.num_prefill:
+            p = self.profile.attention["prefill"]
+            t += self.s_comp * (p["a_ms"] + p["b_c"] * st.prefill_tokens + p["b_c2"] * st.sum_c2 + p["b_cp"] * st.sum_cp)
+        if st.num_decode:
+            d = self.profile.attention["decode"]
+            t += self.s_mem * (d["a_ms"] + d["b_ctx"] * st.sum_decode_ctx)
+        return t / 1e3
+
+    def p2p_s(self, tokens: int) -> float:
+        return self.p2p_alpha_s + self.act_bytes * tokens / self.p2p_bw
+
+    def allreduce_s(self, tokens: int) -> float:
+        if self.tp <= 1:
+            return 0.0
+        size = tokens * self.shape.hidden_size * self.shape.dtype_bytes
+        return self.ar_alpha_s + 2 * (self.tp - 1) / self.tp * size / self.ar_bw
+
+    # -- the protocol --
+    def stage_time(self, st: BatchStats, stage: int) -> StepTime:
+        tokens = st.num_tokens
+        if tokens <= 0:
+            return StepTime(0.0, 0.0, 0.0, 0.0)
+        n = self.layers[stage]
+        linear = n * self.layer_nonattn_s(tokens) * self.scale(tokens)
+        attention = n * self.attention_s(st)
+        comm = 2 * n * self.allreduce_s(tokens)
+        overhead = 0.0
+        if stage == 0:
+            overhead += self.embedding_s
+        if stage < self.num_stages - 1:
+            comm += self.p2p_s(tokens)  # activation send into the next stage
+        else:
+            linear += self.lm_head_s
+            overhead += self.sample_s
+        return StepTime(linear, attention, comm, overhead)
+
+    def stage_times(self, st: BatchStats) -> tuple[float, ...]:
+        key = st.key()
+        times = self._cache.get(key)
+        if times is None:
+            times = tuple(self.stage_time(st, s).total_s for s in range(self.num_stages))
+            if len(self._cache) < 200_000:
+                self._cache[key] = times
+        if self.noise_cv > 0:
+            # NOTE: lognormal with unit mean so noise never makes a stage negative.
+            sigma = math.sqrt(math.log1p(self.noise_cv**2))
+            f = self.rng.lognormal(-sigma * sigma / 2, sigma, size=len(times))
+            times = tuple(t * x for t, x in zip(times, f))
+        return times
+
+    def kv_capacity_tokens(self, mem_fraction: float) -> int:
+        return kv_capacity_tokens(self.profile, self.num_stages, mem_fraction)

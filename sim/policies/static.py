@@ -1,0 +1,22 @@
+"""`static`: a fixed chunk size (the TP, PP_2048, PP_<c> and PP_static schemes)."""
+
+from __future__ import annotations
+
+from sim.errors import ConfigError
+from sim.policies.base import chunk_policies
+
+
+@chunk_policies.register("static")
+class StaticChunk:
+    """Keeps the launch chunk size for the whole run."""
+
+    def __init__(self, chunk_size_tokens: int) -> None:
+        if chunk_size_tokens < 1:
+            raise ConfigError(f"chunk policy 'static': chunk_size_tokens must be >= 1, got {chunk_size_tokens}")
+        self.chunk = chunk_size_tokens
+
+    def initial_chunk(self) -> int:
+        return self.chunk
+
+    def decide(self, view) -> int | None:
+        return None

@@ -1,0 +1,70 @@
+"""Workloads: named TOML definitions in `workloads/` turned into request lists.
+
+`build_workload(table, seed=...)` resolves `name` (a file in `workloads/`), merges the
+run config's overrides, and calls the registered builder of its `kind`.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+from typing import Any, Mapping
+
+from sim.errors import ConfigError
+from sim.workloads.base import (  # noqa: F401  (re-exported)
+    WORKLOADS_DIR,
+    RequestSpec,
+    make_requests,
+    poisson_arrivals,
+    workload_kinds,
+)
+
+# Importing the kind modules registers them.
+from sim.workloads import kinds as _kinds  # noqa: F401,E402
+
+META_KEYS = ("name", "kind", "description")
+
+
+def workload_path(name: str) -> Path:
+    return WORKLOADS_DIR / f"{name}.toml"
+
+
+def available_workloads() -> list[str]:
+    return sorted(p.stem for p in WORKLOADS_DIR.glob("*.toml"))
+
+
+def load_workload_file(name: str) -> dict[str, Any]:
+    path = workload_path(name)
+    if not path.is_file():
+        raise ConfigError(
+            f"workload {name!r} not found in {WORKLOADS_DIR}; allowed: {', '.join(available_workloads())}"
+        )
+    try:
+        with path.open("rb") as fh:
+            table = tomllib.load(fh)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: invalid TOML: {exc}") from None
+    table.setdefault("name", name)
+    return table
+
+
+def resolve_workload(table: Mapping[str, Any]) -> tuple[dict[str, Any], str]:
+    """Merge a run config's [workload] table over its named file; return (table, where)."""
+    table = dict(table)
+    if "name" in table and "kind" not in table:
+        base = load_workload_file(str(table["name"]))
+        where = str(workload_path(str(table["name"])))
+        base.update({k: v for k, v in table.items() if k != "name"})
+        return base, where
+    if "kind" not in table:
+        raise ConfigError("config [workload]: needs 'name' (a file in workloads/) or 'kind'")
+    return table, "config [workload]"
+
+
+def build_workload(table: Mapping[str, Any], *, seed: int) -> list[RequestSpec]:
+    """Build the request list of a [workload] table (named or inline)."""
+    merged, where = resolve_workload(table)
+    kind = merged.get("kind")
+    builder = workload_kinds.get(str(kind), where=f"{where}: field 'kind'")
+    params = {k: v for k, v in merged.items() if k not in META_KEYS}
+    return builder(params, seed=seed, where=where)

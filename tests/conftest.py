@@ -1,0 +1,50 @@
+"""Shared test factories (in the style of vLLM's create_scheduler / create_requests)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from sim.config import config_from_table
+from sim.engine.scheduler import Scheduler
+from sim.engine.state import Req
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED_DATA = REPO.parent / "shared" / "data"
+TINY_PROFILE = REPO / "tests" / "data" / "tiny-profile"
+
+
+def pytest_addoption(parser):
+    parser.addoption("--runslow", action="store_true", default=False, help="run slow full-size tests")
+
+
+def pytest_collection_modifyitems(config, items):
+    if config.getoption("--runslow"):
+        return
+    skip = pytest.mark.skip(reason="slow full-size run; use --runslow (make test-all)")
+    for item in items:
+        if "slow" in item.keywords:
+            item.add_marker(skip)
+
+
+def make_req(rid: int, prompt: int, output: int = 10, arrival: float = 0.0, context: int = 16384) -> Req:
+    return Req(rid, arrival, prompt, output, max_req_input_len=context - 6, max_req_len=context - 1)
+
+
+def make_sched(pp: int = 1, kv: int = 100_000, chunk: int = 1024, max_running: int = 4097) -> Scheduler:
+    return Scheduler(pp, kv, max_running, chunk)
+
+
+def make_config(**sections) -> object:
+    """A small run config; keyword arguments replace whole sections or top-level keys."""
+    table = {
+        "seed": 1,
+        "parallel": {"pp": 2, "tp": 1},
+        "scheduler": {"chunk_size_tokens": 256, "kv_tokens": 50_000},
+        "latency": {"kind": "constant", "stage_ms": 10.0},
+        "workload": {"kind": "synthetic-uniform", "rate_rps": 5.0, "num_requests": 20,
+                     "input_range": [10, 600], "output_range": [2, 30]},
+    }
+    table.update(sections)
+    return config_from_table(table)
