@@ -22,6 +22,12 @@ EPILOG_MAIN = """examples:
   ppsim workload stats azure-conv-synth
 """
 
+PLUGIN_COMMANDS = (
+    ("sim.workloads.cli", "add_workload_commands"),
+    ("sim.latency.cli", "add_profile_commands"),
+    ("sim.experiments_cli", "add_experiment_commands"),
+)
+
 SUMMARY_KEYS = (
     "status", "num_requests", "num_finished", "p50_ttft_ms", "p90_ttft_ms", "p99_ttft_ms", "p50_tpot_ms",
     "p90_tpot_ms", "p99_tpot_ms", "p90_e2e_ms", "slo_attainment", "meets_p90_slo", "throughput_rps",
@@ -108,12 +114,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_run)
     p = sub.add_parser("list", help="show shipped profiles, workloads and policies")
     p.set_defaults(func=cmd_list)
-    try:
-        from sim.workloads.cli import add_workload_commands
-    except ImportError:  # pragma: no cover - the workloads CLI ships with the workloads module
-        add_workload_commands = None
-    if add_workload_commands is not None:
-        add_workload_commands(sub)
+    # Sub-command groups that live with their modules register themselves here.
+    import importlib
+
+    for module, func in PLUGIN_COMMANDS:
+        try:
+            mod = importlib.import_module(module)
+        except ModuleNotFoundError as exc:
+            if exc.name != module:
+                raise
+            continue
+        getattr(mod, func)(sub)
     return parser
 
 

@@ -77,6 +77,17 @@ class Scheduler:
         self.kv_free -= tokens
         req.kv_held += tokens
 
+    def _alloc_decode(self, reqs: list[Req], what: str, now_s: float) -> None:
+        """One KV slot per decode request (prepare_for_decode), checked once for the batch."""
+        if len(reqs) > self.kv_free:
+            raise RunFailed(
+                f"KV allocation failed at t={now_s:.3f}s in a {what} batch: {len(reqs)} decode tokens "
+                f"needed, {self.kv_free} of {self.kv_capacity} free (the real server exits)"
+            )
+        self.kv_free -= len(reqs)
+        for r in reqs:
+            r.kv_held += 1
+
     def _free(self, req: Req) -> None:
         self.kv_free += req.kv_held
         req.kv_held = 0
@@ -167,8 +178,7 @@ class Scheduler:
         if slot.running is not None:
             live = [r for r in slot.running if not r.finished]
             if live:
-                for r in live:
-                    self._alloc(r, 1, "mixed", now_s)
+                self._alloc_decode(live, "mixed", now_s)
                 decodes = live
                 mode = MIXED
             slot.running = None
@@ -191,8 +201,7 @@ class Scheduler:
             self.batch_is_full = False
         else:
             self.new_token_ratio = max(self.new_token_ratio - NEW_TOKEN_RATIO_DECAY, MIN_NEW_TOKEN_RATIO)
-        for r in live:
-            self._alloc(r, 1, "decode", now_s)
+        self._alloc_decode(live, "decode", now_s)
         slot.running = live
         return MicroBatch(self.num_launched, slot.index, DECODE, [], live, None, self.chunk_size)
 
@@ -299,12 +308,14 @@ class PrefillAdder:
 
     def _passes_memory_test(self, req: Req) -> bool:
         if self.states is None:
-            states = [self._state(req)]
+            margin = self.margin
+            reqs = [req]
             for s in self.sched.slots:
                 if s.running:
-                    states.extend(self._state(r) for r in s.running)
-            states.extend(self._state(r) for r, _ in self.can_run)
-            self.states = [s for s in states if s is not None]
+                    reqs.extend(s.running)
+            reqs.extend(r for r, _ in self.can_run)
+            states = [(r.max_new - r.out_len + margin, r.prompt_len + r.out_len) for r in reqs]
+            self.states = [st for st in states if st[0] > 0]
             self.states.sort(key=lambda x: x[0])
         else:
             st = self._state(req)

@@ -4,13 +4,32 @@ Stage time for a micro-batch of T = prefill tokens + decode requests, on a stage
 layers of a TP-t shard:
 
     n * [ layer(T) * s(T) + s_comp * prefill_attention + s_mem * decode_attention ]
+      (layer(T) * s(T) evaluated at the grid point T rounds up to, then a running maximum)
       + comm (PP activation send to the next stage; 2 all-reduces per layer when t > 1)
       + first-stage embedding, last-stage LM head and sampling
 
 `layer(T)` rounds T up to the profile grid and takes the running maximum, so more tokens
 never cost less. The iteration overhead (CPU scheduling + token broadcast) is charged once
-per lock-step iteration by the engine. Optional multiplicative noise (off by default) makes
-the stage time a seeded random variable, so online predictors face a realistic target.
+per lock-step iteration by the engine.
+
+Communication (`[comm] model`):
+
+- `"alpha-beta"` (default): PP send `p2p_alpha + activation_bytes_per_token * T / p2p_bw`;
+  TP ring all-reduce `allreduce_alpha + 2(t-1)/t * T * hidden * dtype_bytes / busBW`.
+- `"table"`: `comm.csv` (`op, num_workers, bytes, ms`) measured collectives. The PP send uses
+  the `send_recv` rows (2 workers; the smallest worker count present if 2 is absent) and the
+  all-reduce the `all_reduce` rows at `num_workers = tp`. Lookup: median over duplicate sizes,
+  running maximum over bytes (so a bigger message never costs less; small-message timings are
+  bimodal), then linear interpolation of log(ms) in log(bytes); below the smallest size the
+  smallest size's time (latency floor), above the largest size linear in bytes from the last
+  two points (bandwidth bound; proportional to bytes if their slope is not positive).
+
+Noise: `noise_cv` (config `[latency] noise_cv`, default 0 = off) multiplies every stage time of
+every micro-batch by an independent lognormal factor with mean 1 and coefficient of variation
+`noise_cv` (sigma^2 = log(1 + cv^2), mu = -sigma^2/2), drawn from the run's seeded
+`latency-noise` stream, so the ground truth becomes a seeded random variable that an online
+predictor cannot learn exactly. The iteration overhead is not noised. Deterministic timing
+(noise off) is what the calibration uses.
 """
 
 from __future__ import annotations
@@ -41,12 +60,19 @@ class ModelShape:
     layer_params: float
     embedding_params: float
     dtype_bytes: int
+    intermediate_size: int = 0      # optional (builder writes it); informational, not used for timing
+
+
+COMM_OPS = ("all_reduce", "send_recv")
 
 
 def _read_csv(path: Path, required: list[str]) -> pd.DataFrame:
     if not path.is_file():
         raise DataError(f"{path}: profile table missing")
-    df = pd.read_csv(path)
+    try:
+        df = pd.read_csv(path)
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as exc:
+        raise DataError(f"{path}: not a readable CSV: {str(exc).splitlines()[0] if str(exc) else exc}") from None
     for col in required:
         if col not in df.columns:
             raise DataError(f"{path}: missing column {col!r}; required: {', '.join(required)}")
@@ -97,11 +123,16 @@ class Profile:
             raise DataError(f"{lay_path}: column 'num_tokens' must hold integers >= 1")
         if np.any(np.diff(grid) <= 0):
             raise DataError(f"{lay_path}: column 'num_tokens' must be strictly increasing (sorted, unique)")
-        ms = lay["layer_nonattn_ms"].to_numpy(dtype=float)
+        ms = pd.to_numeric(lay["layer_nonattn_ms"], errors="coerce").to_numpy(dtype=float)
         if np.any(~np.isfinite(ms)) or np.any(ms <= 0):
             raise DataError(f"{lay_path}: column 'layer_nonattn_ms' must hold positive numbers (ms)")
         att_path = path / "attention.csv"
         att = _read_csv(att_path, ["component", "a_ms", "b_c", "b_c2", "b_cp", "b_ctx"]).fillna(0.0)
+        for col in ("a_ms", "b_c", "b_c2", "b_cp", "b_ctx"):
+            vals = pd.to_numeric(att[col], errors="coerce")
+            if vals.isna().any() or (vals < 0).any():
+                raise DataError(f"{att_path}: column {col!r} must hold non-negative numbers (ms, per token)")
+            att[col] = vals
         attention = {}
         for comp in ("prefill", "decode"):
             rows = att[att["component"] == comp]
@@ -109,8 +140,11 @@ class Profile:
                 raise DataError(f"{att_path}: column 'component' needs exactly one {comp!r} row")
             attention[comp] = {k: float(rows.iloc[0][k]) for k in ("a_ms", "b_c", "b_c2", "b_cp", "b_ctx")}
         comm = None
-        if meta["comm"].get("model", "alpha-beta") == "table":
-            comm = _read_csv(path / "comm.csv", ["op", "num_workers", "bytes", "ms"])
+        comm_model = meta["comm"].get("model", "alpha-beta")
+        if comm_model not in ("alpha-beta", "table"):
+            raise DataError(f"{meta_path} [comm]: model must be 'alpha-beta' or 'table', got {comm_model!r}")
+        if comm_model == "table":
+            comm = load_comm_table(path / "comm.csv")
         return cls(path, meta, grid.astype(np.int64), np.maximum.accumulate(ms), attention, comm)
 
     @property
@@ -133,7 +167,66 @@ class Profile:
             layer_params=_need(m, "layer_params", where),
             embedding_params=_need(m, "embedding_params", where),
             dtype_bytes=int(m.get("dtype_bytes", 2)),
+            intermediate_size=int(m.get("intermediate_size", 0) or 0),
         )
+
+
+def load_comm_table(path: Path) -> pd.DataFrame:
+    """Read and check comm.csv: op in COMM_OPS, num_workers >= 1 (int), bytes >= 1 (int), ms > 0."""
+    df = _read_csv(path, ["op", "num_workers", "bytes", "ms"])
+    bad = sorted(set(df["op"].astype(str)) - set(COMM_OPS))
+    if bad:
+        raise DataError(f"{path}: column 'op' has {bad[0]!r}; allowed: {', '.join(COMM_OPS)}")
+    for col in ("num_workers", "bytes"):
+        if not np.issubdtype(df[col].dtype, np.integer) or (df[col] < 1).any():
+            raise DataError(f"{path}: column {col!r} must hold integers >= 1")
+    ms = pd.to_numeric(df["ms"], errors="coerce")
+    if ms.isna().any() or (ms <= 0).any():
+        raise DataError(f"{path}: column 'ms' must hold positive numbers (ms)")
+    return df.assign(ms=ms.astype(float))
+
+
+class CommCurve:
+    """One collective's time against message size (see the module docstring for the rule)."""
+
+    def __init__(self, nbytes: np.ndarray, ms: np.ndarray) -> None:
+        order = np.argsort(nbytes, kind="stable")
+        df = pd.DataFrame({"b": np.asarray(nbytes, float)[order], "ms": np.asarray(ms, float)[order]})
+        df = df.groupby("b", as_index=False)["ms"].median()
+        self.bytes = df["b"].to_numpy()
+        self.ms = np.maximum.accumulate(df["ms"].to_numpy())
+        self._lb = np.log(self.bytes)
+        self._lm = np.log(self.ms)
+        if len(self.bytes) >= 2 and self.ms[-1] > self.ms[-2]:
+            self._slope = (self.ms[-1] - self.ms[-2]) / (self.bytes[-1] - self.bytes[-2])
+        else:
+            self._slope = self.ms[-1] / self.bytes[-1]
+
+    def __call__(self, nbytes: float) -> float:
+        """Milliseconds for a message of `nbytes` bytes."""
+        if nbytes <= self.bytes[0]:
+            return float(self.ms[0])
+        if nbytes >= self.bytes[-1]:
+            return float(self.ms[-1] + self._slope * (nbytes - self.bytes[-1]))
+        return float(math.exp(np.interp(math.log(nbytes), self._lb, self._lm)))
+
+
+def comm_curve(profile: "Profile", op: str, num_workers: int) -> CommCurve:
+    """The `op` curve of the profile's comm table at `num_workers` (send_recv: 2, else the smallest
+    count present)."""
+    df = profile.comm
+    where = profile.path / "comm.csv"
+    rows = df[df["op"] == op]
+    if rows.empty:
+        raise DataError(f"{where}: column 'op' has no {op!r} rows ([comm] model = 'table')")
+    counts = sorted(set(rows["num_workers"].tolist()))
+    if op == "send_recv" and num_workers not in counts:
+        num_workers = counts[0]
+    if num_workers not in counts:
+        raise DataError(f"{where}: column 'num_workers' has no {op!r} rows for {num_workers} workers "
+                        f"(the profile's tp); present: {counts}")
+    sel = rows[rows["num_workers"] == num_workers]
+    return CommCurve(sel["bytes"].to_numpy(), sel["ms"].to_numpy())
 
 
 def stage_layers(num_layers: int, pp: int) -> list[int]:
@@ -203,11 +296,23 @@ class ProfiledLatencyModel:
         self.p2p_bw = _need(cm, "p2p_bw_gbps", w) * 1e9
         self.ar_alpha_s = _need(cm, "allreduce_alpha_us", w, positive=False) / 1e6
         self.ar_bw = _need(cm, "allreduce_busbw_gbps", w) * 1e9
+        self.comm_model = cm.get("model", "alpha-beta")
+        self._p2p_curve = self._ar_curve = None
+        if self.comm_model == "table":
+            if pp > 1:
+                self._p2p_curve = comm_curve(profile, "send_recv", 2)
+            if self.tp > 1:
+                self._ar_curve = comm_curve(profile, "all_reduce", self.tp)
         self.iteration_overhead_s = self.cpu_s + self.broadcast_s
         self.noise_cv = float(noise_cv)
         self.rng = rng
         self._grid = profile.grid.tolist()
         self._ms = profile.layer_ms.tolist()
+        # Scaled per-layer times at the grid points: s(T) is taken at the looked-up grid point (the
+        # padded kernel that actually runs), then a running maximum again, because s(T) falls from
+        # s_mem to s_comp while the table may be flat: more tokens never cost less after scaling.
+        scaled = np.maximum.accumulate(profile.layer_ms * np.array([self.scale(int(g)) for g in profile.grid]))
+        self._scaled_ms = scaled.tolist()
         self._cache: dict[tuple, tuple[float, ...]] = {}
         if self.noise_cv > 0 and rng is None:
             raise ValueError("noise_cv > 0 needs an rng stream")
@@ -222,12 +327,14 @@ class ProfiledLatencyModel:
         frac = math.log(tokens / self.t_mem) / math.log(self.t_comp / self.t_mem)
         return self.s_mem + (self.s_comp - self.s_mem) * frac
 
-    def layer_nonattn_s(self, tokens: int) -> float:
+    def layer_nonattn_s(self, tokens: int, scaled: bool = False) -> float:
+        """One layer's non-attention time at base hardware (or 40GB-scaled with `scaled`), seconds:
+        round up to 128 (bucket128), round up to the grid, running maximum; linear beyond the grid."""
         if tokens <= 0:
             return 0.0
         if self.mode == "bucket128":
             tokens = ((tokens - 1) // 128 + 1) * 128
-        grid, ms = self._grid, self._ms
+        grid, ms = self._grid, (self._scaled_ms if scaled else self._ms)
         i = bisect.bisect_left(grid, tokens)
         if i < len(grid):
             return ms[i] / 1e3
@@ -246,12 +353,18 @@ class ProfiledLatencyModel:
         return t / 1e3
 
     def p2p_s(self, tokens: int) -> float:
+        """PP activation send of `tokens` tokens into the next stage (seconds)."""
+        if self._p2p_curve is not None:
+            return self._p2p_curve(self.act_bytes * tokens) / 1e3
         return self.p2p_alpha_s + self.act_bytes * tokens / self.p2p_bw
 
     def allreduce_s(self, tokens: int) -> float:
+        """One TP all-reduce of the hidden state of `tokens` tokens (seconds); 0 at tp = 1."""
         if self.tp <= 1:
             return 0.0
         size = tokens * self.shape.hidden_size * self.shape.dtype_bytes
+        if self._ar_curve is not None:
+            return self._ar_curve(size) / 1e3
         return self.ar_alpha_s + 2 * (self.tp - 1) / self.tp * size / self.ar_bw
 
     # -- the protocol --
@@ -260,7 +373,7 @@ class ProfiledLatencyModel:
         if tokens <= 0:
             return StepTime(0.0, 0.0, 0.0, 0.0)
         n = self.layers[stage]
-        linear = n * self.layer_nonattn_s(tokens) * self.scale(tokens)
+        linear = n * self.layer_nonattn_s(tokens, scaled=True)
         attention = n * self.attention_s(st)
         comm = 2 * n * self.allreduce_s(tokens)
         overhead = 0.0
