@@ -69,11 +69,12 @@ def cmd_run(args) -> int:
     it_df.to_csv(out / "iterations.csv", index=False)
     (out / "config.toml").write_text(tomlout.dumps(cfg.to_dict()))
     (out / "summary.json").write_text(json.dumps(_jsonable(summary), indent=2, sort_keys=True) + "\n")
-    if result.decisions:
-        import pandas as pd
+    import pandas as pd
 
-        pd.DataFrame(result.decisions, columns=["time_s", "slot", "old_chunk", "new_chunk"]).to_csv(
-            out / "decisions.csv", index=False)
+    pd.DataFrame(result.decisions, columns=["time_s", "slot", "old_chunk", "new_chunk", "reason"]).to_csv(
+        out / "decisions.csv", index=False)
+    pd.DataFrame(result.moves, columns=["time_s", "slot", "req_id", "action", "where"]).to_csv(
+        out / "moves.csv", index=False)
     if args.json:
         print(json.dumps(_jsonable(summary), indent=2, sort_keys=True))
     else:

@@ -146,4 +146,5 @@ def summarize(result, req_df: pd.DataFrame | None = None, it_df: pd.DataFrame | 
     out["kv_peak_tokens"] = result.kv_peak_tokens
     out["max_running_requests"] = result.max_running_requests
     out["num_chunk_decisions"] = len(result.decisions)
+    out["num_rebalancer_moves"] = len(result.moves)
     return out

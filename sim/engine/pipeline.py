@@ -18,7 +18,7 @@ import simpy
 
 from sim.engine.scheduler import RunFailed, Scheduler
 from sim.engine.state import Req
-from sim.engine.view import SchedulerView
+from sim.engine.view import BatchInfo, SchedulerView
 
 ITER_COLUMNS = (
     "iteration", "slot", "start_s", "end_s", "mode", "num_tokens", "prefill_tokens", "num_prefill",
@@ -28,17 +28,26 @@ ITER_COLUMNS = (
 
 class Pipeline:
     def __init__(self, env: simpy.Environment, sched: Scheduler, latency, chunk_policy,
-                 requests: list[Req], horizon_s: float = 0.0) -> None:
+                 requests: list[Req], horizon_s: float = 0.0, rebalancer=None,
+                 slo_tpot_s: float = 0.2) -> None:
         self.env = env
         self.sched = sched
         self.latency = latency
         self.policy = chunk_policy
+        self.rebalancer = rebalancer
         self.requests = requests
         self.horizon_s = horizon_s
         self.P = sched.num_slots
         self.status = "ok"
         self.reason = ""
-        self.decisions: list[tuple] = []  # (time_s, slot, old, new)
+        self.decisions: list[tuple] = []  # (time_s, slot, old, new, reason)
+        self.move_log: list[tuple] = []  # (time_s, slot, req_id, action, where)
+        # the controller's signals start at half the SLOs (scheduler.py:416-420)
+        self.tpot_signal_s = 0.5 * slo_tpot_s
+        self.rebalance_metrics = None
+        self.start_s = requests[0].arrival_s if requests else 0.0
+        self.step = 0
+        self._observe = getattr(chunk_policy, "observe", None)
         self.iters: dict[str, list] = {c: [] for c in ITER_COLUMNS}
         self.stage_busy: list[tuple[float, ...]] = []
         self.kv_peak = 0
@@ -90,13 +99,12 @@ class Pipeline:
                 yield env.timeout(wake - now)
                 continue
             slot = k % P
-            new_chunk = self.policy.decide(SchedulerView(sched, now, slot, k))
-            if new_chunk is not None and new_chunk != sched.chunk_size:
-                self.decisions.append((now, slot, sched.chunk_size, new_chunk))
-                sched.chunk_size = new_chunk
+            decision = self.policy.decide(self._view(now, slot))
+            if decision is not None:
+                self._apply_decision(decision, now, slot)
             kv_used = sched.kv_used()
             try:
-                mb = sched.form_batch(slot, now)
+                mb = sched.form_batch(slot, now, self._rebalance_at(now) if self.rebalancer else None)
             except RunFailed as exc:
                 self.status, self.reason = "failed", str(exc)
                 break
@@ -107,13 +115,18 @@ class Pipeline:
             if not any(inflight):
                 # NOTE: the artifact's idle path resets the token-ratio estimate.
                 sched.new_token_ratio = 0.7
-                if sched.num_active == 0 and sched.chunked is None and sched.waiting:
+                running = any(sl.running for sl in sched.slots)
+                if not running and sched.chunked is None and (sched.waiting or sched.pending):
                     idle_turns += 1
                     if idle_turns > 2 * P:
-                        r = sched.waiting[0]
                         self.status = "failed"
-                        self.reason = (f"stuck at t={now:.3f}s: request {r.rid} ({r.fill_len} prompt tokens) "
-                                       f"cannot be admitted into a KV pool of {sched.kv_capacity} tokens")
+                        if sched.waiting:
+                            r = sched.waiting[0]
+                            self.reason = (f"stuck at t={now:.3f}s: request {r.rid} ({r.fill_len} prompt tokens) "
+                                           f"cannot be admitted into a KV pool of {sched.kv_capacity} tokens")
+                        else:
+                            self.reason = (f"stuck at t={now:.3f}s: {len(sched.pending)} requests paused by the "
+                                           f"rebalancer and nothing running")
                         break
             busy = self.busy
             for s in range(P):
@@ -128,11 +141,41 @@ class Pipeline:
             yield self.done
             end = env.now
             self._record(k, slot, now, end, mb, kv_used)
+            if mb is not None:
+                self.step += 1
+                if self._observe is not None:
+                    infos = [BatchInfo.of(m, sched) if m is not None else None for m in inflight]
+                    self._observe(self._view(end, slot), infos[0], infos, end - now)
             out = inflight[P - 1]
             if out is not None:
                 inflight[P - 1] = None  # it has left the pipeline
                 sched.process_result(out, end)
             k += 1
+
+    def _view(self, now: float, slot: int) -> SchedulerView:
+        return SchedulerView(self.sched, now, slot, self.step, self.start_s, self.tpot_signal_s,
+                             self.rebalance_metrics)
+
+    def _apply_decision(self, decision, now: float, slot: int) -> None:
+        sched = self.sched
+        if decision.tpot_signal_s is not None:
+            self.tpot_signal_s = decision.tpot_signal_s
+        # NOTE: sync_chunk_size publishes (tpot, waiting prompt tokens, kv free) to every rank.
+        self.rebalance_metrics = (self.tpot_signal_s, sum(r.prompt_len for r in sched.waiting),
+                                  sched.kv_free / sched.kv_capacity)
+        if decision.chunk != sched.chunk_size:
+            self.decisions.append((now, slot, sched.chunk_size, decision.chunk, decision.reason))
+            sched.chunk_size = decision.chunk
+
+    def _rebalance_at(self, now: float):
+        def rebalance(slot: int):
+            moves = self.rebalancer.rebalance(self._view(now, slot))
+            for m in moves:
+                self.move_log.append((now, slot, m.req_id, "pause" if m.to_pending else "resume",
+                                      "head" if m.at_head else "tail"))
+            return moves
+
+        return rebalance
 
     def _record(self, k, slot, start, end, mb, kv_used) -> None:
         it, sched = self.iters, self.sched

@@ -17,7 +17,8 @@ from sim.errors import ConfigError
 from sim.latency.base import latency_models
 from sim.latency.constant import ConstantLatencyModel  # noqa: F401  (registers "constant")
 from sim.latency.profiled import Profile, ProfiledLatencyModel
-from sim.policies import chunk_policies, rebalancers
+from sim.latency.base import BatchStats
+from sim.policies import PolicyContext, chunk_policies, rebalancers
 from sim.rng import stream
 from sim.workloads import RequestSpec, build_workload
 
@@ -30,11 +31,13 @@ class RunResult:
     requests: list[Req]
     iterations: dict
     stage_busy: list
-    decisions: list
+    decisions: list  # (time_s, slot, old_chunk, new_chunk, reason)
+    moves: list  # (time_s, slot, req_id, action, where)
     kv_capacity_tokens: int
     kv_peak_tokens: int
     max_running_requests: int
     end_s: float
+    iteration_overhead_s: float
     extras: dict = field(default_factory=dict)
 
 
@@ -73,18 +76,45 @@ def run(cfg: RunConfig, requests: list[RequestSpec] | None = None) -> RunResult:
     latency = build_latency(cfg)
     kv, max_running, max_req_len, max_input = pool_sizes(cfg, latency)
     sc = cfg.scheduler
+    context = PolicyContext(
+        num_stages=cfg.parallel.pp, slo_ttft_s=cfg.slo.ttft_ms / 1e3, slo_tpot_s=cfg.slo.tpot_ms / 1e3,
+        launch_chunk_tokens=sc.chunk_size_tokens, kv_capacity_tokens=kv,
+        startup_profile=lambda c: startup_profile(latency, c, kv, max_req_len),
+    )
     params = dict(sc.chunk_policy.params)
-    params.setdefault("chunk_size_tokens", sc.chunk_size_tokens)
-    policy = chunk_policies.build(sc.chunk_policy.name, where="config [scheduler.chunk_policy]", **params)
+    if sc.chunk_policy.name == "static":
+        params.setdefault("chunk_size_tokens", sc.chunk_size_tokens)
+    policy = chunk_policies.build(sc.chunk_policy.name, where="config [scheduler.chunk_policy]",
+                                  context=context, **params)
+    rebalancer = None
     if sc.rebalancer is not None:
-        rebalancers.get(sc.rebalancer.name, where="config [scheduler.rebalancer]")
+        rebalancer = rebalancers.build(sc.rebalancer.name, where="config [scheduler.rebalancer]",
+                                       context=context, **dict(sc.rebalancer.params))
     sched = Scheduler(cfg.parallel.pp, kv, max_running, policy.initial_chunk())
     reqs = [Req(r.req_id, r.arrival_s, r.prompt_tokens, r.output_tokens, max_input, max_req_len) for r in requests]
     env = simpy.Environment()
-    pipe = Pipeline(env, sched, latency, policy, reqs, cfg.horizon_s)
+    pipe = Pipeline(env, sched, latency, policy, reqs, cfg.horizon_s, rebalancer=rebalancer,
+                    slo_tpot_s=context.slo_tpot_s)
     env.run(until=pipe.proc)
     return RunResult(
         config=cfg, status=pipe.status, reason=pipe.reason, requests=reqs, iterations=pipe.iters,
-        stage_busy=pipe.stage_busy, decisions=pipe.decisions, kv_capacity_tokens=kv,
+        stage_busy=pipe.stage_busy, decisions=pipe.decisions, moves=pipe.move_log, kv_capacity_tokens=kv,
         kv_peak_tokens=pipe.kv_peak, max_running_requests=max_running, end_s=env.now,
+        iteration_overhead_s=latency.iteration_overhead_s,
     )
+
+
+def startup_profile(latency, chunk: int, kv_tokens: int, max_req_len: int,
+                    warmup: int = 3, repeats: int = 5) -> float:
+    """The artifact's start-up profiling of a candidate chunk, run on the ground truth as a
+    black box: in steady state every stage holds a pure `chunk`-token prefill (one request a
+    step, each finishing after one token), so one iteration costs the slowest stage plus the
+    iteration overhead. Mean of `repeats` measurements after `warmup` (noise included when
+    the ground truth is noisy). Returns nan for an infeasible chunk (the artifact skips it)."""
+    if chunk > kv_tokens or chunk > max_req_len:
+        return float("nan")
+    stats = BatchStats.prefill(chunk)
+    samples = []
+    for _ in range(warmup + repeats):
+        samples.append(max(latency.stage_times(stats)) + latency.iteration_overhead_s)
+    return sum(samples[warmup:]) / repeats

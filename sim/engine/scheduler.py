@@ -34,12 +34,13 @@ class Slot:
     """Per-slot state: `running` is SGLang's running_batch (None while a mixed/extend
     micro-batch of this slot is in flight), `last` the micro-batch last launched."""
 
-    __slots__ = ("index", "running", "last")
+    __slots__ = ("index", "running", "last", "cycle_start_s")
 
     def __init__(self, index: int) -> None:
         self.index = index
         self.running: list[Req] | None = None
         self.last: MicroBatch | None = None
+        self.cycle_start_s: float | None = None  # previous result time of this slot's batch
 
 
 class Scheduler:
@@ -54,16 +55,21 @@ class Scheduler:
         self.chunked: Req | None = None
         self.batch_is_full = False
         self.new_token_ratio = INIT_NEW_TOKEN_RATIO
-        self.num_active = 0  # admitted, not finished, not retracted
+        self.num_active = 0  # admitted, not finished, not retracted (paused ones included)
         self.num_launched = 0
-        # Samples the controllers read (server-side signals, fastpp-system-model.md 2.2).
+        self.pending: list[Req] = []  # paused by the rebalancer; they keep their KV
+        self.arrived: list[Req] = []  # every request the scheduler has seen, in arrival order
+        # Append-only samples the controllers read (server-side signals, system model 2.2):
+        # TTFT from scheduler arrival, and per-slot cycle times (the artifact's "TPOT").
         self.ttft_samples: list[float] = []
+        self.tpot_samples: list[float] = []
         self.finished: list[Req] = []
         self.retractions = 0
 
     # ------------------------------------------------------------------ helpers
     def add_waiting(self, req: Req) -> None:
         self.waiting.append(req)
+        self.arrived.append(req)
 
     def kv_used(self) -> int:
         return self.kv_capacity - self.kv_free
@@ -96,10 +102,22 @@ class Scheduler:
         return self.num_active == 0 and not self.waiting and self.chunked is None
 
     # ------------------------------------------------------------------ one step
-    def form_batch(self, slot_idx: int, now_s: float) -> MicroBatch | None:
-        """Form the next micro-batch of `slot_idx` (None: the slot has nothing to run)."""
+    def form_batch(self, slot_idx: int, now_s: float, rebalance=None) -> MicroBatch | None:
+        """Form the next micro-batch of `slot_idx` (None: the slot has nothing to run).
+
+        `rebalance(slot_idx)`, if given, is the batch rebalancer: it runs after the slot's
+        previous micro-batch is merged and before admission, and returns `Move`s to apply.
+        """
         slot = self.slots[slot_idx]
         self._retire(slot)
+        if rebalance is not None and (slot.running or self.pending):
+            if slot.running:
+                live = [r for r in slot.running if not r.finished]
+                if len(live) < len(slot.running):
+                    self.batch_is_full = False
+                slot.running = live
+            for move in rebalance(slot_idx):
+                self._apply_move(slot, move)
         mb = self._prefill_batch(slot, now_s)
         if mb is None:
             mb = self._decode_batch(slot, now_s)
@@ -107,6 +125,20 @@ class Scheduler:
         if mb is not None:
             self.num_launched += 1
         return mb
+
+    def _apply_move(self, slot: Slot, move) -> None:
+        """Pause a running request of `slot` into the pending list, or resume one into it."""
+        if move.to_pending:
+            req = next(r for r in slot.running if r.rid == move.req_id)
+            slot.running.remove(req)
+            self.pending.insert(0, req) if move.at_head else self.pending.append(req)
+        else:
+            req = next(r for r in self.pending if r.rid == move.req_id)
+            self.pending.remove(req)
+            if slot.running is None:
+                slot.running = []
+            slot.running.insert(0, req) if move.at_head else slot.running.append(req)
+            req.slot = slot.index
 
     def _retire(self, slot: Slot) -> None:
         """Step 1 of get_next_batch_to_run: a finished prefill/mixed micro-batch becomes the
@@ -193,6 +225,7 @@ class Scheduler:
         if not live:
             self.batch_is_full = False
             slot.running = None
+            slot.cycle_start_s = None
             return None
         if len(live) < before:
             self.batch_is_full = False
@@ -234,6 +267,12 @@ class Scheduler:
     # ------------------------------------------------------------------ results
     def process_result(self, mb: MicroBatch, now_s: float) -> None:
         """Sample one token for every request of `mb` except a cut chunk (artifact 1.6)."""
+        slot = self.slots[mb.slot]
+        # NOTE: a batch carrying the slot's running requests continues its cycle; a fresh
+        # extend batch starts one (SGLang copies cur_time on merge; a new batch has none).
+        if mb.mode != EXTEND and slot.cycle_start_s is not None:
+            self.tpot_samples.append(now_s - slot.cycle_start_s)
+        slot.cycle_start_s = now_s
         chunked = mb.chunked
         for req, _new, _prefix in mb.prefill:
             if req is not chunked:

@@ -1,22 +1,96 @@
-"""A read-only view of the scheduler for policies (they never touch engine state)."""
+"""Read-only views of the scheduler for policies (they never touch engine state).
+
+Everything here is either a number or a freshly built tuple of small frozen records, so a
+policy cannot change the simulation by accident. The fields follow what the artifact's
+controllers and rebalancer read (fastpp-system-model.md sections 2-5).
+"""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from sim.engine.scheduler import Scheduler
+from sim.engine.state import MicroBatch
+
+
+@dataclass(frozen=True, slots=True)
+class BatchInfo:
+    """A micro-batch as the controllers see it (ALP's per-batch features, section 4.3).
+
+    `num_tokens` N = prefill tokens + decodes; `decode_ctx` D = sum of decode contexts;
+    `prefill_sq` S = sum of new_tokens^2; `prefill_prefix` X = sum of new_tokens * prefix;
+    `num_reqs` counts every request of the batch, `num_reqs_own` excludes the slot's own
+    request being chunked (the artifact's two ways of counting running requests)."""
+
+    slot: int
+    mode: str
+    num_tokens: int
+    num_decode: int
+    decode_ctx: int
+    prefill_sq: int
+    prefill_prefix: int
+    num_reqs: int
+    num_reqs_own: int
+
+    @classmethod
+    def of(cls, mb: MicroBatch, sched: Scheduler) -> "BatchInfo":
+        st = mb.stats
+        own = sched.chunked is not None and mb.chunked is sched.chunked and sched.chunked.slot == mb.slot
+        n = mb.num_reqs
+        return cls(mb.slot, mb.mode, st.num_tokens, st.num_decode, st.sum_decode_ctx, st.sum_c2, st.sum_cp,
+                   n, n - (1 if own and any(p[0] is mb.chunked for p in mb.prefill) else 0))
+
+
+@dataclass(frozen=True, slots=True)
+class WaitingInfo:
+    """A queued request: when it arrived, and the prefill tokens it still needs."""
+
+    req_id: int
+    arrival_s: float
+    prompt_tokens: int
+    prefix_tokens: int
+    remaining_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkedInfo:
+    """The one request being chunked: the slot of its latest chunk, its prefix and the
+    prompt tokens not yet scheduled."""
+
+    req_id: int
+    slot: int
+    arrival_s: float
+    prefix_tokens: int
+    remaining_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class RunningInfo:
+    req_id: int
+    arrival_s: float
+    admit_s: float
+    prompt_tokens: int
+    output_tokens: int
 
 
 class SchedulerView:
-    """What a policy may read at a decision point. Attributes are snapshots or read-only
-    accessors; policies must not mutate the objects they get from here."""
+    """What a policy may read at a decision point."""
 
-    __slots__ = ("_sched", "now_s", "slot", "step")
+    __slots__ = ("_sched", "now_s", "slot", "step", "start_s", "tpot_signal_s", "rebalance_metrics")
 
-    def __init__(self, sched: Scheduler, now_s: float, slot: int, step: int) -> None:
+    def __init__(self, sched: Scheduler, now_s: float, slot: int, step: int, start_s: float = 0.0,
+                 tpot_signal_s: float = 0.1, rebalance_metrics: tuple | None = None) -> None:
         self._sched = sched
         self.now_s = now_s
         self.slot = slot
-        self.step = step
+        self.step = step  # iterations that launched a micro-batch so far (the artifact's step_count)
+        self.start_s = start_s  # first arrival of the run
+        self.tpot_signal_s = tpot_signal_s  # the chunk controller's latest published TPOT signal
+        # (tpot_signal_s, waiting prompt tokens, kv free fraction) published at the controller's
+        # last decision (None with a static chunk: the rebalancer then reads local values)
+        self.rebalance_metrics = rebalance_metrics
 
+    # -- sizes and memory --
     @property
     def num_slots(self) -> int:
         return self._sched.num_slots
@@ -33,13 +107,56 @@ class SchedulerView:
     def kv_free_tokens(self) -> int:
         return self._sched.kv_free
 
+    # -- queue --
     @property
     def num_waiting(self) -> int:
         return len(self._sched.waiting)
 
-    def waiting_prompt_tokens(self) -> int:
-        return sum(r.fill_len - r.prefix_len for r in self._sched.waiting)
+    def waiting(self) -> tuple[WaitingInfo, ...]:
+        return tuple(WaitingInfo(r.rid, r.arrival_s, r.prompt_len, r.prefix_len, r.fill_len - r.prefix_len)
+                     for r in self._sched.waiting)
 
-    def running_counts(self) -> list[int]:
-        """Requests in each slot's last micro-batch (0 if none), as the controllers count."""
-        return [s.last.num_reqs if s.last is not None else 0 for s in self._sched.slots]
+    def waiting_prompt_tokens(self) -> int:
+        return sum(r.prompt_len for r in self._sched.waiting)
+
+    def chunked(self) -> ChunkedInfo | None:
+        r = self._sched.chunked
+        if r is None:
+            return None
+        return ChunkedInfo(r.rid, r.slot, r.arrival_s, r.prefix_len, r.fill_len - r.prefix_len)
+
+    def arrivals_since(self, t_s: float) -> tuple[tuple[float, int], ...]:
+        """(arrival time, prompt tokens) of requests that arrived at or after `t_s`."""
+        out = []
+        for r in reversed(self._sched.arrived):
+            if r.arrival_s < t_s:
+                break
+            out.append((r.arrival_s, r.prompt_len))
+        return tuple(reversed(out))
+
+    # -- slots --
+    def last_batches(self) -> tuple[BatchInfo | None, ...]:
+        """Each slot's most recently launched micro-batch (None if the slot has none)."""
+        sched = self._sched
+        return tuple(BatchInfo.of(s.last, sched) if s.last is not None else None for s in sched.slots)
+
+    def running(self) -> tuple[RunningInfo, ...]:
+        """The current slot's running batch, head (newest) first."""
+        run = self._sched.slots[self.slot].running or []
+        return tuple(RunningInfo(r.rid, r.arrival_s, r.admit_s, r.prompt_len, r.out_len) for r in run)
+
+    def pending(self) -> tuple[RunningInfo, ...]:
+        """Requests paused by the rebalancer, head first."""
+        return tuple(RunningInfo(r.rid, r.arrival_s, r.admit_s, r.prompt_len, r.out_len) for r in self._sched.pending)
+
+    def other_slots_chunking(self) -> int:
+        """Slots other than the current one whose last batch holds the active chunked request."""
+        r = self._sched.chunked
+        return int(r is not None and r.slot != self.slot and self._sched.slots[r.slot].last is not None)
+
+    # -- signals (append-only logs; policies keep their own cursors) --
+    def ttft_samples(self, start: int = 0) -> tuple[float, ...]:
+        return tuple(self._sched.ttft_samples[start:])
+
+    def tpot_samples(self, start: int = 0) -> tuple[float, ...]:
+        return tuple(self._sched.tpot_samples[start:])

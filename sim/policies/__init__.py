@@ -1,4 +1,4 @@
 """Scheduling policies: chunk-size controllers and batch rebalancers (plug-ins by name)."""
 
-from sim.policies.base import ChunkPolicy, Rebalancer, chunk_policies, rebalancers  # noqa: F401
+from sim.policies.base import ChunkDecision, ChunkPolicy, Move, PolicyContext, Rebalancer, chunk_policies, rebalancers  # noqa: F401
 from sim.policies import static as _static  # noqa: F401,E402  (registers "static")

@@ -2,29 +2,61 @@
 
 Policies are timeless: the engine calls them at the artifact's points with a read-only view
 of the scheduler state (`sim.engine.view.SchedulerView`) and applies what they return. They
-never import simpy, never hold the environment, and never mutate engine state.
+never import simpy, never hold the environment, and never mutate engine state; any memory
+they need (cursors into the sample logs, restore values, RLS state) is their own.
 
 - `ChunkPolicy.decide(view)` runs at the top of every scheduler iteration, before the
-  micro-batch is formed (as the artifact's `decide_chunk_size`); it returns the new chunk
-  size in tokens, or None to keep the current one. A policy keeps its own cadence.
+  micro-batch is formed (the artifact's `decide_chunk_size`). It returns None when its
+  cadence did not fire, else a `ChunkDecision` (the engine then also publishes the
+  rebalancer's metrics, as the artifact's `sync_chunk_size` does).
+- `ChunkPolicy.observe(view, current, inflight, iteration_s)` (optional) runs after every
+  iteration that launched a micro-batch (the artifact's post-step hook), with the launched
+  batch, the batches in flight at that iteration (one per stage, None where empty) and the
+  iteration's wall time.
 - `Rebalancer.rebalance(view)` runs for the current slot after its previous micro-batch is
-  merged and before prefill admission; it returns the requests to pause or resume.
+  merged and before prefill admission; it returns the requests to pause or resume, in order.
+
+Factories are called as `factory(context=PolicyContext, **params)`.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Callable, Protocol
 
 from sim.registry import Registry
+
+
+@dataclass(frozen=True)
+class PolicyContext:
+    """What a policy may know at construction: the deployment and the SLOs, and a way to
+    profile the server at start-up the way the artifact does (a black box: the wall time of
+    one steady-state iteration where every stage holds a pure c-token prefill)."""
+
+    num_stages: int
+    slo_ttft_s: float
+    slo_tpot_s: float
+    launch_chunk_tokens: int
+    kv_capacity_tokens: int
+    startup_profile: Callable[[int], float] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkDecision:
+    """A decision point of a chunk controller (its cadence fired)."""
+
+    chunk: int  # the chunk size to use from the next micro-batch on
+    reason: str
+    ttft_signal_s: float | None = None  # the controller's current signals, published for
+    tpot_signal_s: float | None = None  # the rebalancer as the artifact broadcasts them
 
 
 class ChunkPolicy(Protocol):
     def initial_chunk(self) -> int:
         """The chunk size (tokens) at launch and after a reset."""
 
-    def decide(self, view) -> int | None:
-        """New chunk size for the next micro-batch, or None to keep the current one."""
+    def decide(self, view) -> ChunkDecision | None:
+        """A decision when the policy's cadence fires, else None."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,7 +65,7 @@ class Move:
 
     req_id: int
     to_pending: bool
-    at_head: bool  # where it is inserted in the destination list
+    at_head: bool  # insert at the head (True) or the tail of the destination list
 
 
 class Rebalancer(Protocol):
