@@ -132,6 +132,8 @@ def summarize(result, req_df: pd.DataFrame | None = None, it_df: pd.DataFrame | 
     out["duration_s"] = duration
     out["throughput_rps"] = len(fin) / duration if duration > 0 else math.nan
     out["output_tokens_per_s"] = float(fin["generated_tokens"].sum() / duration) if duration > 0 else math.nan
+    prefill = float(it_df["prefill_tokens"].sum()) if len(it_df) else 0.0
+    out["prefill_tokens_per_s"] = prefill / duration if duration > 0 else math.nan
     busy_it = it_df[it_df["mode"] != "idle"] if len(it_df) else it_df
     out["num_iterations"] = int(len(it_df))
     if len(it_df):
@@ -139,6 +141,10 @@ def summarize(result, req_df: pd.DataFrame | None = None, it_df: pd.DataFrame | 
         busy_cols = [c for c in it_df.columns if c.endswith("_busy_ms")]
         total = it_df["iter_ms"].sum() * len(busy_cols)
         out["bubble_fraction"] = float(1 - it_df[busy_cols].to_numpy().sum() / total) if total > 0 else math.nan
+        idle_cols = [c for c in it_df.columns if c.endswith("_idle_ms")]
+        # bubble per busy iteration: idle stage time summed over stages (ms)
+        out["bubble_ms_per_iter"] = float(busy_it[idle_cols].to_numpy().sum(axis=1).mean()) if len(busy_it) else math.nan
+        out["total_bubble_s"] = float(it_df[idle_cols].to_numpy().sum() / 1e3)
         dur = it_df["iter_ms"]
         out["kv_used_mean_tokens"] = _time_weighted(it_df["kv_used_tokens"], dur)
         out["queue_mean"] = _time_weighted(it_df["num_waiting"], dur)

@@ -20,7 +20,11 @@ class BatchInfo:
     `num_tokens` N = prefill tokens + decodes; `decode_ctx` D = sum of decode contexts;
     `prefill_sq` S = sum of new_tokens^2; `prefill_prefix` X = sum of new_tokens * prefix;
     `num_reqs` counts every request of the batch, `num_reqs_own` excludes the slot's own
-    request being chunked (the artifact's two ways of counting running requests)."""
+    request being chunked (the artifact's two ways of counting running requests).
+    `holds_cut_chunk` (added for the policies): the batch carries a piece of a request whose
+    prompt it cut, i.e. the artifact's per-slot `being_chunked_req[s]` pointer is set for
+    this slot (it stays set, possibly stale, until the slot's next turn); ALP excludes that
+    request from the slot's count and the rebalancer subtracts it for the other slots."""
 
     slot: int
     mode: str
@@ -31,14 +35,16 @@ class BatchInfo:
     prefill_prefix: int
     num_reqs: int
     num_reqs_own: int
+    holds_cut_chunk: bool = False
 
     @classmethod
     def of(cls, mb: MicroBatch, sched: Scheduler) -> "BatchInfo":
         st = mb.stats
         own = sched.chunked is not None and mb.chunked is sched.chunked and sched.chunked.slot == mb.slot
         n = mb.num_reqs
+        holds = mb.chunked is not None and any(p[0] is mb.chunked for p in mb.prefill)
         return cls(mb.slot, mb.mode, st.num_tokens, st.num_decode, st.sum_decode_ctx, st.sum_c2, st.sum_cp,
-                   n, n - (1 if own and any(p[0] is mb.chunked for p in mb.prefill) else 0))
+                   n, n - (1 if own and holds else 0), holds)
 
 
 @dataclass(frozen=True, slots=True)

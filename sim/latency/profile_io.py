@@ -134,7 +134,7 @@ def fit_alpha_beta(comm: pd.DataFrame, op: str, n: int, lo: float, hi: float) ->
     (alpha, inv_bw), _ = nnls(X, np.ones_like(t))
     if inv_bw <= 0:
         return None
-    return alpha * 1e3, 1.0 / inv_bw / 1e6      # ms -> us; bytes/ms -> GB/s
+    return float(alpha) * 1e3, 1.0 / float(inv_bw) / 1e6      # ms -> us; bytes/ms -> GB/s
 
 
 # -- writing ---------------------------------------------------------------------------------------------

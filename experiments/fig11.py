@@ -1,0 +1,80 @@
+"""fig11: CDF of per-iteration latency, PP_static vs DCP_greedy vs DCP_pred vs DCP_pred+DS
+(Qwen2.5-32B; azure-conv at 4 req/s, cnn at 5, cnn-reversed at 8).
+
+"Iteration" = one lock-step scheduler step (busy iterations only). PP_static uses the best
+static chunk that fig9's goodput search found for the workload (from fig9_goodput.csv in the
+same results folder; if absent, the search is run here)."""
+
+from __future__ import annotations
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import pandas as pd  # noqa: E402
+
+from experiments.common import Context, aggregate_goodput, best_static, goodput_study, savefig  # noqa: E402
+from experiments.runs import QUANTILES, evaluate_distributions  # noqa: E402
+from sim.schemes import scheme_table  # noqa: E402
+from sim.sweep import Runner, with_rate  # noqa: E402
+
+MODEL = "qwen2.5-32b"
+CASES = (("azure-conv", 4.0, 400), ("cnn", 5.0, 1000), ("cnn-reversed", 8.0, 1000))
+SCHEMES = ("PP_static", "DCP_greedy", "DCP_pred", "DCP_pred+DS")
+
+
+def best_chunks(ctx: Context) -> dict[str, int]:
+    path = ctx.out_dir / "fig9_goodput.csv"
+    found = {}
+    if path.is_file():
+        g = pd.read_csv(path)
+        g = g[(g["model"] == MODEL) & (g["scheme"] == "PP_static")]
+        found = {r.workload: int(r.best_chunk) for r in g.itertuples()}
+    missing = [w for w, _, _ in CASES if w not in found]
+    if missing:
+        _, good = goodput_study(ctx, [MODEL], missing, ["PP_static"], desc="fig11: PP_static search")
+        agg = aggregate_goodput(best_static(good), ["model", "workload", "scheme"])
+        found.update({r.workload: int(r.best_chunk) for r in agg.itertuples() if r.scheme == "PP_static"})
+    return found
+
+
+def compute(ctx: Context) -> dict[str, pd.DataFrame]:
+    chunks = best_chunks(ctx)
+    runner = Runner(ctx.out_dir / "cache" / "distributions.jsonl", jobs=ctx.jobs, executor=ctx.executor,
+                    address=ctx.address, progress=ctx.progress, evaluate_fn=evaluate_distributions)
+    tables, labels = [], []
+    for wl, rate, n in CASES:
+        n = min(n, 150) if ctx.quick else n
+        for scheme in SCHEMES:
+            name = f"PP_{chunks[wl]}" if scheme == "PP_static" else scheme
+            tables.append(with_rate(scheme_table(name, MODEL, {"name": wl, "num_requests": n}), rate))
+            labels.append({"model": MODEL, "workload": wl, "scheme": scheme,
+                           "chunk": chunks[wl] if scheme == "PP_static" else "dynamic", "rate_rps": rate})
+    res = runner.run(tables, desc="fig11")
+    rows, cdf = [], []
+    for lab, r in zip(labels, res):
+        rows.append({**lab, "p50_iter_ms": r["p50_iter_ms"], "p90_iter_ms": r["p90_iter_ms"],
+                     "p99_iter_ms": r["p99_iter_ms"], "mean_iter_ms": r["mean_iter_ms"],
+                     "num_iterations": r["num_iterations"], "status": r["status"],
+                     "p90_ttft_ms": r["p90_ttft_ms"], "p90_tpot_ms": r["p90_tpot_ms"]})
+        for q, v in zip(QUANTILES, r["iter_ms_q"]):
+            cdf.append({**lab, "quantile": q / 100, "iter_ms": v})
+    df, cdf_df = pd.DataFrame(rows), pd.DataFrame(cdf)
+    ctx.write(df, "fig11.csv")
+    ctx.write(cdf_df, "fig11_cdf.csv")
+    return {"fig11.csv": df, "fig11_cdf.csv": cdf_df}
+
+
+def plot(ctx: Context) -> None:
+    cdf = ctx.read("fig11_cdf.csv")
+    cases = list(dict.fromkeys(cdf["workload"]))
+    fig, axes = plt.subplots(1, len(cases), figsize=(5 * len(cases), 3.6), squeeze=False)
+    for ax, wl in zip(axes[0], cases):
+        sub = cdf[cdf["workload"] == wl]
+        for scheme, g in sub.groupby("scheme", sort=False):
+            ax.plot(g["iter_ms"], g["quantile"], label=scheme)
+        ax.set_xlabel("per-iteration latency (ms)")
+        ax.set_ylabel("CDF")
+        ax.set_title(f"{wl} at {sub['rate_rps'].iloc[0]:g} req/s")
+        ax.legend(fontsize=7)
+    savefig(fig, ctx.out_dir / "fig11.png")

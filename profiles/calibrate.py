@@ -1,0 +1,391 @@
+"""Calibrate the a100-pcie-40gb latency profiles (reference/latency-profiles.md section 12, steps 1-2).
+
+Usage (from the repository root; the azure-conv trace must be findable, e.g.
+PIPESIM_CACHE=../shared/data/azure-llm-inference-2023):
+
+    python profiles/calibrate.py                 # full: 3 seeds, coarse grid + two refinements, ~3-5 min on 2 cores
+    python profiles/calibrate.py --quick         # 1 seed, small grid (smoke run; does not write unless --write)
+    python profiles/calibrate.py --jobs 2        # worker processes (default: CPU count)
+    python profiles/calibrate.py --sensitivity   # also the PCIe-bandwidth sensitivity tables (README)
+    python profiles/calibrate.py --no-write      # report only
+
+Targets come from profiles/calibration_targets.toml (never read by the simulator).
+
+Step 1 (lookup mode): for `grid` and `bucket128`, the three micro-benchmark ratios (prefill 129/256 tokens,
+decode 128/96 and 160/128 requests at the stated context) of one middle stage of the PP=4 32B profile, at
+the default scaling; the mode with the smaller worst-case |relative error| wins.
+
+Step 2 (s_mem, s_comp, cpu_ms): PP=4 PP_static runs of the engine (azure-conv first 400 rows, Poisson
+4 req/s, chunk 512; cnn-reversed 1000 requests at 8 req/s, chunk 256), seeds 1..S; per seed the P90/P99 of
+iterations.csv `iter_ms` over non-idle iterations (the summary's p90_iter_ms / p99_iter_ms), averaged over
+seeds. Objective: sum over the three targets of ((model - target) / target)^2. Search: a coarse grid
+(s_mem 1.0..1.3 step 0.1, s_comp 1.0..1.2 step 0.1, cpu_ms 0.5..3.5 step 1.0; 48 points), then two
+refinements, each a 3x3x3 grid around the incumbent at half the previous step (0.05/0.05/0.5, then
+0.025/0.025/0.25), clipped to the section 12 bounds (s_mem [1.0, 1.35], s_comp [1.0, 1.2], cpu_ms
+[0.5, 4.0]); simulations are cached by parameter values. Ties (objective within 1e-5 of the best) go to the
+point nearest the defaults (1.25, 1.10, 2.0; distance in units of each parameter's range).
+
+Checks (not fitted): the micro-benchmarks with the fitted values, the 2048-then-128 bubble
+(sim.latency.analysis.bubble_ms), and the step-2 percentiles at p2p 8 and 12 GB/s.
+
+Output: the table of every target, model value and error; profiles/fits.toml (the fitted values with
+target, achieved value, residual, seeds, simulator commit and method), from which profiles/build_a100.py
+writes the [[fit]] entries and values of every a100-pcie-40gb meta.toml (the 14B profiles inherit); the
+builder is then re-run so the committed profiles match.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import math
+import os
+import subprocess
+import sys
+import time
+import tomllib
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+TARGETS = REPO / "profiles" / "calibration_targets.toml"
+FITS = REPO / "profiles" / "fits.toml"
+DEFAULTS = {"s_mem": 1.25, "s_comp": 1.10, "cpu_ms": 2.0}
+BOUNDS = {"s_mem": (1.0, 1.35), "s_comp": (1.0, 1.2), "cpu_ms": (0.5, 4.0)}
+COARSE = {"s_mem": [1.0, 1.1, 1.2, 1.3], "s_comp": [1.0, 1.1, 1.2], "cpu_ms": [0.5, 1.5, 2.5, 3.5]}
+COARSE_QUICK = {"s_mem": [1.0, 1.2], "s_comp": [1.0, 1.2], "cpu_ms": [1.0, 3.0]}
+STEPS = [{"s_mem": 0.05, "s_comp": 0.05, "cpu_ms": 0.5}, {"s_mem": 0.025, "s_comp": 0.025, "cpu_ms": 0.25}]
+TIE = 1e-5
+PARAMS = ("s_mem", "s_comp", "cpu_ms")
+
+
+def load_targets(path: Path = TARGETS) -> dict:
+    return tomllib.loads(path.read_text())
+
+
+def profile_dir(targets: dict, tp_profile: str | None = None) -> Path:
+    return REPO / "profiles" / (tp_profile or targets["model_profile"])
+
+
+# -- step 1 --------------------------------------------------------------------------------------------------
+
+def step1(targets: dict, params: dict | None = None) -> dict:
+    """{mode: {ratio: (model, target, rel_err)}, 'worst': {mode: worst}} and the chosen mode."""
+    from sim.latency.analysis import load_model, micro_benchmarks
+
+    mb = targets["micro_benchmarks"]
+    params = dict(DEFAULTS if params is None else params)
+    params.pop("mode", None)
+    out, worst = {}, {}
+    for mode in ("grid", "bucket128"):
+        model = load_model(profile_dir(targets), targets["pp"], mode=mode, **params)
+        vals = micro_benchmarks(model, context=mb["decode_context"])
+        out[mode] = {k: (v, mb[k], v / mb[k] - 1) for k, v in vals.items()}
+        worst[mode] = max(abs(e) for _, _, e in out[mode].values())
+    chosen = min(worst, key=lambda m: (worst[m], m != "grid"))
+    return {"ratios": out, "worst": worst, "mode": chosen}
+
+
+# -- step 2 --------------------------------------------------------------------------------------------------
+
+def simulate(args: tuple) -> dict:
+    """One parameter point: {target name: mean over seeds of the metric}. args = (params items, seeds,
+    targets path, extra overrides items)."""
+    params, seeds, tpath, extra = args
+    params, extra = dict(params), dict(extra)
+    targets = load_targets(Path(tpath))
+    return simulate_targets(targets, {**params, **extra}, seeds)
+
+
+def simulate_targets(targets: dict, params: dict, seeds, entries=None) -> dict:
+    from sim.config import config_from_table
+    from sim.engine.run import build_latency, pool_sizes  # noqa: F401  (imported for side effects/registries)
+    from sim.engine import run as run_mod
+    from sim.latency.analysis import with_overrides
+    from sim.latency.profiled import Profile, ProfiledLatencyModel
+    from sim.metrics import iterations_frame, requests_frame, summarize
+
+    prof = with_overrides(Profile.load(profile_dir(targets)), **params)
+
+    def patched(cfg):
+        return ProfiledLatencyModel(prof, cfg.parallel.pp)
+
+    out = {}
+    orig = run_mod.build_latency
+    run_mod.build_latency = patched
+    try:
+        for t in entries or targets["iteration"]:
+            vals = []
+            for seed in seeds:
+                cfg = config_from_table({
+                    "seed": seed, "parallel": {"pp": targets["pp"], "tp": 1},
+                    "scheduler": {"chunk_size_tokens": t["chunk"]},
+                    "latency": {"kind": "profile", "profile": str(profile_dir(targets))},
+                    "workload": {"name": t["workload"], "rate_rps": float(t["rate_rps"]),
+                                 "num_requests": int(t["num_requests"])}}, where="calibrate")
+                res = run_mod.run(cfg)
+                s = summarize(res, requests_frame(res), iterations_frame(res))
+                if res.status != "ok":
+                    raise RuntimeError(f"{t['name']} seed {seed}: run failed: {res.reason}")
+                vals.append(s[t["metric"]])
+            out[t["name"]] = sum(vals) / len(vals)
+    finally:
+        run_mod.build_latency = orig
+    return out
+
+
+def objective(values: dict, targets: dict) -> float:
+    """Sum of squared relative errors of the simulated metrics against the fit targets."""
+    return sum(((values[t["name"]] - t["value"]) / t["value"]) ** 2 for t in targets["iteration"]
+               if t.get("use", "fit") == "fit")
+
+
+def _key(p: dict) -> tuple:
+    return tuple(round(p[k], 4) for k in PARAMS)
+
+
+def _distance(p: dict) -> float:
+    return math.sqrt(sum(((p[k] - DEFAULTS[k]) / (BOUNDS[k][1] - BOUNDS[k][0])) ** 2 for k in PARAMS))
+
+
+def pick_best(cache: dict) -> tuple[tuple, float]:
+    """The best point, ties (objective within TIE of the minimum) broken towards the defaults."""
+    best = min(obj for obj, _ in cache.values())
+    tied = [k for k, (obj, _) in cache.items() if obj <= best + TIE]
+    k = min(tied, key=lambda k: (_distance(dict(zip(PARAMS, k))), k))
+    return k, cache[k][0]
+
+
+def search(targets: dict, seeds, jobs: int, quick: bool, mode: str, log=print, evaluate=None) -> dict:
+    """Coarse grid then refinements; returns {'best': params, 'objective', 'values', 'evaluations', 'method'}.
+    `evaluate(list of param dicts) -> list of value dicts` can be injected (tests)."""
+    tpath = str(TARGETS)
+    cache: dict[tuple, tuple[float, dict]] = {}
+
+    def run_points(points: list[dict]) -> None:
+        todo = [p for p in points if _key(p) not in cache]
+        todo = list({_key(p): p for p in todo}.values())
+        if not todo:
+            return
+        if evaluate is not None:
+            results = evaluate(todo)
+        elif jobs > 1:
+            with ProcessPoolExecutor(max_workers=jobs) as ex:
+                results = list(ex.map(simulate, [(tuple(p.items()), tuple(seeds), tpath, (("mode", mode),))
+                                                 for p in todo]))
+        else:
+            results = [simulate((tuple(p.items()), tuple(seeds), tpath, (("mode", mode),))) for p in todo]
+        for p, vals in zip(todo, results):
+            cache[_key(p)] = (objective(vals, targets), vals)
+
+    coarse = COARSE_QUICK if quick else COARSE
+    grid = [dict(zip(PARAMS, v)) for v in itertools.product(*(coarse[k] for k in PARAMS))]
+    t0 = time.time()
+    run_points(grid)
+    k, obj = pick_best(cache)
+    log(f"  coarse grid: {len(grid)} points, best {dict(zip(PARAMS, k))} objective {obj:.5f} ({time.time() - t0:.0f} s)")
+    for step in (STEPS[:1] if quick else STEPS):
+        centre = dict(zip(PARAMS, k))
+        axes = []
+        for p in PARAMS:
+            lo, hi = BOUNDS[p]
+            axes.append(sorted({min(hi, max(lo, round(centre[p] + d * step[p], 4))) for d in (-1, 0, 1)}))
+        pts = [dict(zip(PARAMS, v)) for v in itertools.product(*axes)]
+        run_points(pts)
+        k, obj = pick_best(cache)
+        log(f"  refine (step {step}): best {dict(zip(PARAMS, k))} objective {obj:.5f} ({time.time() - t0:.0f} s)")
+    method = (f"grid search on the engine: coarse grid {'x'.join(str(len(coarse[p])) for p in PARAMS)} "
+              f"({', '.join(f'{p} {coarse[p]}' for p in PARAMS)}), then {1 if quick else 2} refinement(s) of a "
+              f"3x3x3 grid at half the step ({'; '.join(str(s) for s in (STEPS[:1] if quick else STEPS))}), "
+              f"bounds {BOUNDS}; objective = sum of squared relative errors of the seed-mean percentiles; "
+              f"ties (within {TIE}) towards the defaults; {len(cache)} points simulated")
+    return {"best": dict(zip(PARAMS, k)), "objective": obj, "values": cache[k][1], "evaluations": len(cache),
+            "method": method}
+
+
+# -- checks and sensitivity ---------------------------------------------------------------------------------
+
+def goodput(profile: str, pp: int, tp: int, chunk: int, overrides: dict, rates, seed: int = 1,
+            workload: str = "azure-conv", num_requests: int = 400, slo: dict | None = None) -> tuple[float, list]:
+    """Highest integer rate in `rates` at which P90 TTFT and P90 TPOT meet the SLO (0 if none)."""
+    from sim.config import config_from_table
+    from sim.engine import run as run_mod
+    from sim.latency.analysis import with_overrides
+    from sim.latency.profiled import Profile, ProfiledLatencyModel
+    from sim.metrics import summarize
+
+    prof = with_overrides(Profile.load(REPO / "profiles" / profile), **overrides)
+    orig = run_mod.build_latency
+    run_mod.build_latency = lambda cfg: ProfiledLatencyModel(prof, cfg.parallel.pp)
+    ok_rates, rows = [], []
+    try:
+        for r in rates:
+            cfg = config_from_table({"seed": seed, "parallel": {"pp": pp, "tp": tp},
+                                     "scheduler": {"chunk_size_tokens": chunk},
+                                     "latency": {"kind": "profile", "profile": str(REPO / "profiles" / profile)},
+                                     "slo": slo or {"ttft_ms": 2000, "tpot_ms": 200},
+                                     "workload": {"name": workload, "rate_rps": float(r),
+                                                  "num_requests": num_requests}}, where="calibrate")
+            s = summarize(run_mod.run(cfg))
+            rows.append((r, s["p90_ttft_ms"], s["p90_tpot_ms"], s["meets_p90_slo"]))
+            if s["meets_p90_slo"]:
+                ok_rates.append(r)
+    finally:
+        run_mod.build_latency = orig
+    return (max(ok_rates) if ok_rates else 0.0), rows
+
+
+def _sens_tp(bw):
+    g, _ = goodput("a100-pcie-40gb/qwen2.5-32b/tp4", 1, 4, 2048, {"allreduce_busbw_gbps": bw, **_FITTED},
+                   range(1, 11))
+    return g
+
+
+def _sens_pp(chunk):
+    g, _ = goodput("a100-pcie-40gb/qwen2.5-32b/tp1", 4, 1, chunk, dict(_FITTED), range(1, 11))
+    return g
+
+
+_FITTED: dict = {}
+
+
+def sensitivity(fitted: dict, jobs: int, log=print) -> dict:
+    global _FITTED
+    _FITTED = dict(fitted)
+    bws = [6, 9, 12, 24]
+    chunks = [256, 512, 1024]
+    with ProcessPoolExecutor(max_workers=max(1, jobs)) as ex:
+        tp = list(ex.map(_sens_tp, bws))
+        pp = list(ex.map(_sens_pp, chunks))
+    best = max(range(len(chunks)), key=lambda i: (pp[i], -abs(chunks[i] - 512)))
+    return {"busbw_gbps": bws, "tp_goodput": tp, "pp_chunks": chunks, "pp_goodput": pp,
+            "pp_static_goodput": pp[best], "pp_static_chunk": chunks[best]}
+
+
+def git_commit() -> str:
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True,
+                              check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--", "sim"], cwd=REPO, capture_output=True,
+                               text=True).stdout.strip()
+        return head + ("+uncommitted-sim-changes" if dirty else "")
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+# -- output -------------------------------------------------------------------------------------------------
+
+def _q(s: str) -> str:
+    return '"' + s.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def render_fits(mode_res: dict, fit: dict, seeds, commit: str, checks: dict, targets: dict) -> str:
+    """profiles/fits.toml: read by build_a100.py for every a100-pcie-40gb profile."""
+    fit_targets = [t for t in targets["iteration"] if t.get("use", "fit") == "fit"]
+    tgt = "; ".join(f"{t['name']} {t['value']} ms" for t in fit_targets)
+    ach = "; ".join(f"{t['name']} {fit['values'][t['name']]:.2f} ms" for t in fit_targets)
+    res = "; ".join(f"{t['name']} {fit['values'][t['name']] / t['value'] - 1:+.1%}" for t in fit_targets)
+    res += f"; objective (sum of squared relative errors) {fit['objective']:.5f}"
+    mb = mode_res["ratios"][mode_res["mode"]]
+    lines = ["# Written by profiles/calibrate.py; read by profiles/build_a100.py (all a100-pcie-40gb profiles).",
+             "# Do not edit by hand: re-run the calibration.", "",
+             "[lookup]",
+             f"mode = {_q(mode_res['mode'])}",
+             f"status = {_q('selected by section 12 step 1 (smaller worst-case micro-benchmark error)')}",
+             f"target = {_q('; '.join(f'{k} {v[1]}' for k, v in mb.items()) + ' (decode context ' + str(targets['micro_benchmarks']['decode_context']) + ')')}",
+             f"achieved = {_q('; '.join(f'{m}: ' + ', '.join(f'{k} {v[0]:.3f}' for k, v in r.items()) for m, r in mode_res['ratios'].items()))}",
+             f"residual = {_q('worst |relative error|: ' + ', '.join(f'{m} {w:.1%}' for m, w in mode_res['worst'].items()))}",
+             ""]
+    method = fit["method"]
+    for p in PARAMS:
+        lines += ["[[fit]]", f"param = {_q(p)}", f"value = {fit['best'][p]!r}",
+                  f"status = {_q('fitted (section 12 step 2)')}", f"target = {_q(tgt)}",
+                  f"achieved = {_q(ach)}", f"residual = {_q(res)}", f"seeds = {len(seeds)}",
+                  f"simulator_commit = {_q(commit)}", f"method = {_q(method)}", ""]
+    bub = checks["bubble"]
+    lines += ["[checks]",
+              f"bubble_ms = {round(bub['bubble_ms'], 1)!r}",
+              f"bubble_alt_ms = {round(bub['alt_ms'], 1)!r}",
+              f"bubble_target_ms = {targets['bubble']['ms']!r}",
+              f"bubble_definition = {_q('sum over stages s = 0..P-2 of T_2048(s+1) - T_128(s) (the 128-token micro-batch waiting behind the 2048-token one, lock-step); alt adds a P-th wait at the pipeline entry')}",
+              ""]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter,
+                                 epilog="examples:\n  PIPESIM_CACHE=../shared/data/azure-llm-inference-2023 "
+                                        "python profiles/calibrate.py --jobs 2\n  python profiles/calibrate.py "
+                                        "--quick --no-write\n")
+    ap.add_argument("--quick", action="store_true", help="1 seed, small grid; writes only with --write")
+    ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="worker processes")
+    ap.add_argument("--seeds", type=int, default=None, help="seeds 1..N (default 3, quick 1)")
+    ap.add_argument("--no-write", action="store_true", help="do not write fits.toml or rebuild the profiles")
+    ap.add_argument("--write", action="store_true", help="write even with --quick")
+    ap.add_argument("--sensitivity", action="store_true", help="also the PCIe bandwidth sensitivity tables")
+    args = ap.parse_args(argv)
+    os.environ.setdefault("PIPESIM_CACHE", str(REPO.parent / "shared" / "data" / "azure-llm-inference-2023"))
+
+    from sim.latency.analysis import bubble_ms, load_model
+
+    targets = load_targets()
+    seeds = list(range(1, (args.seeds or (1 if args.quick else 3)) + 1))
+    t0 = time.time()
+    print("Step 1: lookup mode (micro-benchmark ratios at the default scaling, one middle stage of PP=4)")
+    s1 = step1(targets)
+    for mode, r in s1["ratios"].items():
+        for k, (v, t, e) in r.items():
+            print(f"  {mode:9s} {k:22s} model {v:.3f}  target {t:.3f}  error {e:+.1%}")
+        print(f"  {mode:9s} worst |error| {s1['worst'][mode]:.1%}")
+    mode = s1["mode"]
+    print(f"  -> mode = {mode}")
+
+    print(f"Step 2: s_mem, s_comp, cpu_ms (seeds {seeds}, {args.jobs} jobs)")
+    fit = search(targets, seeds, args.jobs, args.quick, mode)
+    best = fit["best"]
+    print(f"  fitted: {best} (objective {fit['objective']:.5f}; {fit['evaluations']} points)")
+    for t in targets["iteration"]:
+        v = fit["values"][t["name"]]
+        print(f"  {t['name']:34s} model {v:7.2f} ms  target {t['value']:7.2f} ms  error {v / t['value'] - 1:+.1%}")
+
+    print("Checks")
+    s1f = step1(targets, best)
+    for m, r in s1f["ratios"].items():
+        print(f"  micro-benchmarks, fitted values, {m}: " +
+              ", ".join(f"{k} {v:.3f} (target {t}, {e:+.1%})" for k, (v, t, e) in r.items()))
+    model = load_model(profile_dir(targets), targets["pp"], mode=mode, **best)
+    bub = bubble_ms(model, targets["bubble"]["big_tokens"], targets["bubble"]["small_tokens"])
+    print(f"  bubble 2048 then 128: {bub['bubble_ms']:.0f} ms over {targets['pp'] - 1} stage waits "
+          f"({bub['alt_ms']:.0f} ms counting {targets['pp']}); target {targets['bubble']['ms']} ms, "
+          f"error {bub['bubble_ms'] / targets['bubble']['ms'] - 1:+.1%} ({bub['alt_ms'] / targets['bubble']['ms'] - 1:+.1%})")
+    print(f"  stage times: 2048 tokens {bub['stage_big_ms']:.1f} ms, 128 tokens {bub['stage_small_ms']:.1f} ms")
+    for bw in (8, 12):
+        vals = simulate_targets(targets, {**best, "mode": mode, "p2p_bw_gbps": bw}, seeds)
+        print(f"  p2p {bw} GB/s: " + ", ".join(f"{k} {v:.2f} ms ({v / fit['values'][k] - 1:+.2%} vs 10 GB/s)"
+                                               for k, v in vals.items()))
+    if args.sensitivity:
+        print("Sensitivity: azure-conv goodput (integer rates 1..10, 400 requests, seed 1)")
+        sens = sensitivity({**best, "mode": mode}, args.jobs)
+        print("  TP (tp4 profile, chunk 2048) at busBW " + ", ".join(
+            f"{b} GB/s: {g:g}" for b, g in zip(sens["busbw_gbps"], sens["tp_goodput"])))
+        print("  PP=4 chunks " + ", ".join(f"{c}: {g:g}" for c, g in zip(sens["pp_chunks"], sens["pp_goodput"]))
+              + f" -> PP_static {sens['pp_static_goodput']:g} (chunk {sens['pp_static_chunk']})")
+
+    write = not args.no_write and (not args.quick or args.write)
+    if write:
+        FITS.write_text(render_fits(s1, fit, seeds, git_commit(), {"bubble": bub}, targets))
+        print(f"wrote {FITS.relative_to(REPO)}")
+        proc = subprocess.run([sys.executable, str(REPO / "profiles" / "build_a100.py")], cwd=REPO)
+        if proc.returncode != 0:
+            print("profiles/build_a100.py failed: the meta.toml files were not rebuilt", file=sys.stderr)
+            return 1
+    print(f"done in {time.time() - t0:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,261 @@
+"""Sweeps: run many simulation points in parallel, cache each result as it completes, and
+search the goodput (the highest rate at which P90 TTFT and P90 TPOT meet the SLO).
+
+- A *point* is a run-config table (plain dict). Its id is a hash of the table, so a sweep
+  interrupted half-way resumes where it stopped: finished points are read back from the
+  cache file (JSON lines, appended and flushed as each point completes).
+- Executors: in-process (jobs = 1), local processes (`jobs` > 1, the default), or a Ray
+  cluster (`executor="ray"`, `address=...`; Ray is an optional extra).
+- Goodput: the artifact's integer-rate sweep (the same requests at every rate: only the
+  Poisson gaps are rescaled) brackets the goodput, then bisection refines it to `tol`
+  (decisions.md). A failed run does not meet the SLO. If the outcome is not monotone in the
+  rate, the highest passing rate below the first failing one is reported and flagged.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import math
+import os
+import time
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+import numpy as np
+from scipy import stats as sstats
+
+from sim.errors import ConfigError
+
+SUMMARY_FIELDS = (
+    "status", "reason", "num_requests", "num_finished", "mean_ttft_ms", "p50_ttft_ms", "p90_ttft_ms",
+    "p99_ttft_ms", "mean_tpot_ms", "p50_tpot_ms", "p90_tpot_ms", "p99_tpot_ms", "mean_e2e_ms", "p50_e2e_ms",
+    "p90_e2e_ms", "p99_e2e_ms", "slo_attainment", "ttft_attainment", "tpot_attainment", "throughput_rps",
+    "p50_iter_ms", "p90_iter_ms", "p99_iter_ms", "mean_iter_ms", "bubble_fraction", "kv_peak_tokens",
+    "kv_capacity_tokens", "num_retractions", "duration_s", "num_iterations", "num_chunk_decisions",
+    "num_rebalancer_moves", "bubble_ms_per_iter", "total_bubble_s", "prefill_tokens_per_s", "output_tokens_per_s",
+    "slo_ttft_ms", "slo_tpot_ms",
+)
+
+
+def point_id(table: dict) -> str:
+    return hashlib.sha1(json.dumps(table, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def evaluate(table: dict) -> dict:
+    """Run one point; return its summary (only plain numbers and strings)."""
+    from sim.config import config_from_table
+    from sim.engine.run import run
+    from sim.metrics import summarize
+
+    cfg = config_from_table(table)
+    summary = summarize(run(cfg))
+    out = {k: summary.get(k) for k in SUMMARY_FIELDS}
+    for k, v in out.items():
+        if isinstance(v, float) and math.isnan(v):
+            out[k] = None
+        elif hasattr(v, "item"):
+            out[k] = v.item()
+    return out
+
+
+def meets_slo(summary: dict, ttft_ms: float, tpot_ms: float) -> bool:
+    """Goodput criterion: the run completed and P90 TTFT and P90 TPOT meet the SLOs."""
+    if summary.get("status") != "ok" or summary.get("num_finished") != summary.get("num_requests"):
+        return False
+    ttft, tpot = summary.get("p90_ttft_ms"), summary.get("p90_tpot_ms")
+    return ttft is not None and ttft <= ttft_ms and (tpot is None or tpot <= tpot_ms)
+
+
+class Runner:
+    """Runs points with caching, in parallel, with a progress bar."""
+
+    def __init__(self, cache_path: str | Path | None = None, jobs: int = 1, executor: str = "process",
+                 address: str | None = None, progress: bool = True, evaluate_fn: Callable = evaluate) -> None:
+        if executor not in ("process", "ray"):
+            raise ConfigError(f"--executor must be one of: process, ray; got {executor!r}")
+        if jobs < 1:
+            raise ConfigError(f"--jobs must be >= 1, got {jobs}")
+        self.cache_path = Path(cache_path) if cache_path else None
+        self.jobs = jobs
+        self.executor = executor
+        self.address = address
+        self.progress = progress
+        self.evaluate_fn = evaluate_fn
+        self.cache: dict[str, dict] = {}
+        if self.cache_path and self.cache_path.is_file():
+            for line in self.cache_path.read_text().splitlines():
+                if line.strip():
+                    try:
+                        rec = json.loads(line)
+                    except json.JSONDecodeError:
+                        continue  # a line cut by an interrupt: that point simply runs again
+                    self.cache[rec["id"]] = rec["summary"]
+
+    def _store(self, pid: str, table: dict, summary: dict) -> None:
+        self.cache[pid] = summary
+        if self.cache_path:
+            self.cache_path.parent.mkdir(parents=True, exist_ok=True)
+            with self.cache_path.open("a") as fh:
+                fh.write(json.dumps({"id": pid, "table": table, "summary": summary}, sort_keys=True) + "\n")
+                fh.flush()
+                os.fsync(fh.fileno())
+
+    def run(self, tables: list[dict], desc: str = "points") -> list[dict]:
+        ids = [point_id(t) for t in tables]
+        todo: dict[str, dict] = {}
+        for pid, t in zip(ids, tables):
+            if pid not in self.cache and pid not in todo:
+                todo[pid] = t
+        if todo:
+            bar = _progress(len(todo), desc, self.progress)
+            try:
+                if self.executor == "ray":
+                    self._run_ray(todo, bar)
+                elif self.jobs == 1 or len(todo) == 1:
+                    for pid, t in todo.items():
+                        self._store(pid, t, self.evaluate_fn(t))
+                        bar.update(1)
+                else:
+                    self._run_processes(todo, bar)
+            finally:
+                bar.close()
+        return [self.cache[pid] for pid in ids]
+
+    def _run_processes(self, todo: dict[str, dict], bar) -> None:
+        with ProcessPoolExecutor(max_workers=min(self.jobs, len(todo))) as pool:
+            futures = {pool.submit(self.evaluate_fn, t): pid for pid, t in todo.items()}
+            pending = set(futures)
+            try:
+                while pending:
+                    done, pending = wait(pending, return_when=FIRST_COMPLETED)
+                    for fut in done:
+                        pid = futures[fut]
+                        self._store(pid, todo[pid], fut.result())
+                        bar.update(1)
+            except BaseException:
+                for fut in pending:
+                    fut.cancel()
+                raise
+
+    def _run_ray(self, todo: dict[str, dict], bar) -> None:
+        try:
+            import ray
+        except ImportError:
+            raise ConfigError("--executor ray needs Ray: pip install '.[ray]'") from None
+        if not ray.is_initialized():
+            ray.init(address=self.address, ignore_reinit_error=True, log_to_driver=False,
+                     **({} if self.address else {"num_cpus": self.jobs}))
+        remote = ray.remote(self.evaluate_fn)
+        refs = {remote.remote(t): pid for pid, t in todo.items()}
+        pending = list(refs)
+        while pending:
+            done, pending = ray.wait(pending, num_returns=1)
+            for ref in done:
+                pid = refs[ref]
+                self._store(pid, todo[pid], ray.get(ref))
+                bar.update(1)
+
+
+def _progress(total: int, desc: str, enabled: bool):
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc=desc, unit="run", disable=not enabled, leave=False, dynamic_ncols=True)
+
+
+def with_rate(table: dict, rate: float) -> dict:
+    t = copy.deepcopy(table)
+    t.setdefault("workload", {})["rate_rps"] = float(rate)
+    return t
+
+
+@dataclass
+class Search:
+    """One goodput search: a base config table (without rate), its integer rates, and the SLO
+    the goodput criterion uses (may differ from the table's, for SLO-scale studies of static
+    schemes, whose runs do not depend on the SLO)."""
+
+    label: dict
+    table: dict
+    rates: list[float]
+    ttft_ms: float = 2000.0
+    tpot_ms: float = 200.0
+    results: dict = field(default_factory=dict)  # rate -> summary
+    lo: float = 0.0
+    hi: float = math.inf
+    flag: str = ""
+
+    def passes(self, rate: float) -> bool:
+        return meets_slo(self.results[rate], self.ttft_ms, self.tpot_ms)
+
+
+def goodput_searches(runner: Runner, searches: list[Search], tol: float = 0.05, desc: str = "goodput") -> list[dict]:
+    """Run several goodput searches together: one parallel batch of integer rates, then
+    bisection rounds (one midpoint per unfinished search per round)."""
+    batch = [with_rate(s.table, r) for s in searches for r in s.rates]
+    res = runner.run(batch, desc=f"{desc}: sweep")
+    i = 0
+    for s in searches:
+        for r in s.rates:
+            s.results[r] = res[i]
+            i += 1
+        _bracket(s)
+    while True:
+        active = [s for s in searches if s.hi - s.lo > tol + 1e-9 and math.isfinite(s.hi)]
+        if not active:
+            break
+        mids = [round((s.lo + s.hi) / 2, 6) for s in active]
+        res = runner.run([with_rate(s.table, m) for s, m in zip(active, mids)], desc=f"{desc}: bisect")
+        for s, m, r in zip(active, mids, res):
+            s.results[m] = r
+            if meets_slo(r, s.ttft_ms, s.tpot_ms):
+                s.lo = m
+            else:
+                s.hi = m
+    out = []
+    for s in searches:
+        out.append({**s.label, "goodput_rps": round(s.lo, 4), "flag": s.flag})
+    return out
+
+
+def _bracket(s: Search) -> None:
+    rates = sorted(s.rates)
+    passing = [s.passes(r) for r in rates]
+    if all(passing):
+        s.lo, s.hi, s.flag = rates[-1], math.inf, "not_bracketed (passes at the highest rate)"
+        return
+    first_fail = next(i for i, p in enumerate(passing) if not p)
+    s.hi = rates[first_fail]
+    s.lo = rates[first_fail - 1] if first_fail > 0 else 0.0
+    if any(passing[first_fail + 1:]):
+        s.flag = "non_monotone"
+
+
+def per_rate_rows(searches: Iterable[Search]) -> list[dict]:
+    """Every simulated rate of every search, as tidy rows."""
+    rows = []
+    for s in searches:
+        for rate in sorted(s.results):
+            r = s.results[rate]
+            rows.append({**s.label, "rate_rps": rate, "integer_rate": rate in s.rates,
+                         "meets_slo": meets_slo(r, s.ttft_ms, s.tpot_ms), **r})
+    return rows
+
+
+def mean_ci(values: list[float], confidence: float = 0.95) -> tuple[float, float, float]:
+    """Mean and a t-distribution confidence interval over replications."""
+    v = np.asarray(values, dtype=float)
+    if len(v) == 0:
+        return math.nan, math.nan, math.nan
+    m = float(v.mean())
+    if len(v) == 1:
+        return m, m, m
+    half = float(sstats.t.ppf((1 + confidence) / 2, len(v) - 1) * v.std(ddof=1) / math.sqrt(len(v)))
+    return m, m - half, m + half
+
+
+def elapsed(t0: float) -> str:
+    return f"{time.perf_counter() - t0:.1f}s"

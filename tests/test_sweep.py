@@ -1,0 +1,116 @@
+"""Sweep runner and goodput search: bisection, bracketing, resume, parallel executors."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sim.sweep import Runner, Search, goodput_searches, mean_ci, meets_slo, point_id
+
+from conftest import make_config
+
+
+def fake_eval(threshold):
+    """A monotone fake run: P90 TTFT grows with the rate and crosses 2000 ms at `threshold`."""
+
+    def evaluate(table):
+        rate = table["workload"]["rate_rps"]
+        return {"status": "ok", "num_requests": 10, "num_finished": 10,
+                "p90_ttft_ms": 2000.0 * rate / threshold, "p90_tpot_ms": 100.0}
+
+    return evaluate
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.floats(0.3, 14.0))
+def test_bisection_finds_the_threshold_to_tolerance(threshold):
+    runner = Runner(None, jobs=1, progress=False, evaluate_fn=fake_eval(threshold))
+    s = Search({"k": 1}, {"workload": {}}, list(range(1, 11)))
+    (res,) = goodput_searches(runner, [s], tol=0.05)
+    if threshold >= 10:
+        assert res["goodput_rps"] == 10 and "not_bracketed" in res["flag"]
+    else:
+        assert threshold - 0.05 - 1e-9 <= res["goodput_rps"] <= threshold + 1e-9
+        assert res["flag"] == ""
+
+
+def test_non_monotone_outcome_is_flagged():
+    def evaluate(table):
+        rate = table["workload"]["rate_rps"]
+        ok = rate <= 3 or rate == 6
+        return {"status": "ok", "num_requests": 1, "num_finished": 1, "p90_ttft_ms": 10 if ok else 5000,
+                "p90_tpot_ms": 1}
+
+    runner = Runner(None, progress=False, evaluate_fn=evaluate)
+    (res,) = goodput_searches(runner, [Search({}, {"workload": {}}, list(range(1, 9)))], tol=0.05)
+    assert 3 <= res["goodput_rps"] < 4 and res["flag"] == "non_monotone"
+
+
+def test_failed_runs_do_not_meet_the_slo():
+    assert not meets_slo({"status": "failed", "num_requests": 1, "num_finished": 1, "p90_ttft_ms": 1, "p90_tpot_ms": 1}, 2000, 200)
+    assert not meets_slo({"status": "ok", "num_requests": 2, "num_finished": 1, "p90_ttft_ms": 1, "p90_tpot_ms": 1}, 2000, 200)
+    assert meets_slo({"status": "ok", "num_requests": 1, "num_finished": 1, "p90_ttft_ms": 1, "p90_tpot_ms": None}, 2000, 200)
+
+
+class Interrupted(Exception):
+    pass
+
+
+def test_results_are_written_as_they_complete_and_a_sweep_resumes(tmp_path):
+    cache = tmp_path / "points.jsonl"
+    calls = []
+    interrupt = [True]
+
+    def evaluate(table):
+        calls.append(table["workload"]["rate_rps"])
+        if table["workload"]["rate_rps"] == 3 and interrupt[0]:
+            raise Interrupted  # interrupted half-way
+        return {"status": "ok", "rate": table["workload"]["rate_rps"]}
+
+    tables = [{"workload": {"rate_rps": r}} for r in (1, 2, 3, 4)]
+    with pytest.raises(Interrupted):
+        Runner(cache, progress=False, evaluate_fn=evaluate).run(tables)
+    lines = [json.loads(x) for x in cache.read_text().splitlines()]
+    assert [x["summary"]["rate"] for x in lines] == [1, 2]
+    calls.clear()
+    interrupt[0] = False
+    out = Runner(cache, progress=False, evaluate_fn=evaluate).run(tables)
+    assert calls == [3, 4]  # the finished points were not simulated again
+    assert [o["rate"] for o in out] == [1, 2, 3, 4]
+    assert len(set(point_id(t) for t in tables)) == 4
+
+
+def small_table(rate):
+    cfg = make_config()
+    return {"parallel": {"pp": 2, "tp": 1}, "scheduler": {"chunk_size_tokens": 256, "kv_tokens": 50_000},
+            "latency": {"kind": "constant", "stage_ms": 10.0},
+            "workload": {"kind": "synthetic-uniform", "rate_rps": rate, "num_requests": 20,
+                         "input_range": [10, 600], "output_range": [2, 30]}} if cfg else None
+
+
+def test_process_pool_matches_in_process(tmp_path):
+    tables = [small_table(r) for r in (1.0, 2.0, 3.0)]
+    serial = Runner(None, jobs=1, progress=False).run(tables)
+    parallel = Runner(tmp_path / "c.jsonl", jobs=2, progress=False).run(tables)
+    assert serial == parallel
+
+
+def test_ray_executor_on_a_local_instance(tmp_path):
+    ray = pytest.importorskip("ray", reason="Ray is an optional extra (pip install '.[ray]')")
+    tables = [small_table(r) for r in (1.0, 2.0)]
+    try:
+        out = Runner(tmp_path / "r.jsonl", jobs=2, executor="ray", progress=False).run(tables)
+    finally:
+        ray.shutdown()
+    assert out == Runner(None, progress=False).run(tables)
+
+
+def test_mean_ci():
+    m, lo, hi = mean_ci([1.0, 2.0, 3.0])
+    assert m == 2.0 and lo < 2.0 < hi
+    assert mean_ci([5.0]) == (5.0, 5.0, 5.0)
+    assert all(math.isnan(x) for x in mean_ci([]))
