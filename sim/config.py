@@ -6,7 +6,7 @@ allowed). `--set a.b=value` overrides parse `value` as a TOML value.
 
     seed = 1
     horizon_s = 0            # 0: drain every request
-    [parallel]  pp, tp
+    [parallel]  pp, tp, replicas, router = "round-robin" | "least-loaded"
     [scheduler] chunk_size_tokens, context_length_tokens, mem_fraction, kv_tokens,
                 max_running_requests, chunk_policy = {name, params}, rebalancer = {name, params}
     [latency]   kind = "profile" | "constant", profile = "<dir>", noise_cv, stage_ms, overhead_ms
@@ -38,15 +38,24 @@ class PolicySpec:
     params: Mapping[str, Any] = field(default_factory=dict)
 
 
+ROUTERS = ("round-robin", "least-loaded")
+
+
 @dataclass(frozen=True)
 class ParallelConfig:
+    """A deployment: `replicas` independent servers of `tp` x `pp` GPUs behind a router."""
+
     pp: int = 1
     tp: int = 1
+    replicas: int = 1
+    router: str = "round-robin"
 
     def validate(self, where: str) -> None:
-        for key in ("pp", "tp"):
+        for key in ("pp", "tp", "replicas"):
             if getattr(self, key) < 1:
                 raise ConfigError(f"{where}: [parallel] {key} must be >= 1, got {getattr(self, key)}")
+        if self.router not in ROUTERS:
+            raise ConfigError(f"{where}: [parallel] router must be one of: {', '.join(ROUTERS)}; got {self.router!r}")
 
 
 @dataclass(frozen=True)

@@ -35,6 +35,39 @@ def add_experiment_commands(sub) -> None:
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.set_defaults(func=cmd_reproduce)
 
+    p = sub.add_parser("validate", help="compare the simulator with a real bench_serving run",
+                       epilog=VALIDATE_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--bench-log", required=True, help="bench_serving JSONL result file")
+    p.add_argument("--workload", required=True, help="workload the real run used (a name in workloads/)")
+    p.add_argument("--config", default=None, help="run config of the deployment (default: the embedded default)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override; repeatable")
+    p.add_argument("--units", default="s", help="units of the lists in the log: s (default) or ms")
+    p.add_argument("--json", action="store_true", help="print the comparison as JSON records")
+    p.set_defaults(func=cmd_validate)
+
+
+VALIDATE_EPILOG = """examples:
+  ppsim validate --bench-log sglang_results.jsonl --workload azure-conv
+  ppsim validate --bench-log run.jsonl --workload sharegpt --set scheduler.chunk_size_tokens=512
+Format: one JSON object per line with request_rate and the lists ttfts, tpots, e2es (seconds;
+--units ms for milliseconds), as SGLang's bench_serving writes them. See sim/validate.py.
+"""
+
+
+def cmd_validate(args) -> int:
+    import json
+
+    from experiments.common import REPO
+    from sim.validate import validate
+
+    config = args.config or str(REPO / "experiments" / "configs" / "default.toml")
+    df = validate(args.bench_log, args.workload, config, args.set, args.units)
+    if args.json:
+        print(json.dumps(df.to_dict(orient="records"), indent=1))
+    else:
+        print(df.to_string(index=False, float_format=lambda v: f"{v:.1f}"))
+    return 0
+
 
 def cmd_reproduce(args) -> int:
     from experiments import EXPERIMENT_IDS

@@ -7,12 +7,12 @@ turn them into tidy DataFrames (columns documented below); `summarize` computes 
 requests.csv: req_id, status (finished | running | waiting | failed | not_arrived), arrival_s,
 admit_s, first_token_s, finish_s, prompt_tokens, output_tokens (requested), max_new_tokens
 (after the context clip), generated_tokens, ttft_ms, tpot_ms = (e2e - ttft)/(output - 1),
-e2e_ms, num_chunks, num_retractions, slot, truncated_prompt, clipped_output, meets_ttft,
+e2e_ms, num_chunks, num_retractions, slot, truncated_prompt, clipped_output, replica, meets_ttft,
 meets_tpot, meets_slo.
 
 iterations.csv: iteration, slot, start_s, end_s, iter_ms, mode (decode | extend | mixed |
 idle), num_tokens, prefill_tokens, num_prefill, num_decode, chunk_size, kv_used_tokens,
-num_waiting, num_running, and per stage s: stage{s}_start_s, stage{s}_end_s, stage{s}_busy_ms,
+num_waiting, num_running, replica, and per stage s: stage{s}_start_s, stage{s}_end_s, stage{s}_busy_ms,
 stage{s}_idle_ms (idle = the bubble: iteration length minus busy time).
 """
 
@@ -47,11 +47,11 @@ def requests_frame(result, slo: SLOConfig | None = None) -> pd.DataFrame:
         tpot = (e2e - ttft) / (r.max_new - 1) if r.finished and r.max_new > 1 else math.nan
         rows.append((r.rid, status, r.arrival_s, r.admit_s, r.first_token_s, r.finish_s, r.orig_prompt_len,
                      r.orig_output_len, r.max_new, r.out_len, ttft, tpot, e2e, r.num_chunks,
-                     r.num_retractions, r.slot, r.truncated_prompt, r.clipped_output))
+                     r.num_retractions, r.slot, r.truncated_prompt, r.clipped_output, r.replica))
     df = pd.DataFrame(rows, columns=[
         "req_id", "status", "arrival_s", "admit_s", "first_token_s", "finish_s", "prompt_tokens",
         "output_tokens", "max_new_tokens", "generated_tokens", "ttft_ms", "tpot_ms", "e2e_ms",
-        "num_chunks", "num_retractions", "slot", "truncated_prompt", "clipped_output"])
+        "num_chunks", "num_retractions", "slot", "truncated_prompt", "clipped_output", "replica"])
     done = df["status"] == "finished"
     df["meets_ttft"] = done & (df["ttft_ms"] <= slo.ttft_ms)
     # NOTE: a one-token output has no TPOT (the artifact omits it); it cannot violate it.

@@ -26,16 +26,49 @@ ITER_COLUMNS = (
 )
 
 
+class Inbox:
+    """Requests on their way to one replica, in arrival order.
+
+    With one replica every request is pushed before the run and the inbox is closed; behind
+    a router, the router pushes each request when it arrives and closes the inbox at the end.
+    """
+
+    def __init__(self, env: simpy.Environment, requests: list[Req] | None = None) -> None:
+        self.env = env
+        self.queue: deque[Req] = deque(requests or [])
+        self.closed = requests is not None
+        self._event = None
+
+    def push(self, req: Req) -> None:
+        self.queue.append(req)
+        self._wake()
+
+    def close(self) -> None:
+        self.closed = True
+        self._wake()
+
+    def _wake(self) -> None:
+        if self._event is not None and not self._event.triggered:
+            self._event.succeed()
+
+    def wait(self):
+        self._event = self.env.event()
+        return self._event
+
+    def __len__(self) -> int:
+        return len(self.queue)
+
+
 class Pipeline:
     def __init__(self, env: simpy.Environment, sched: Scheduler, latency, chunk_policy,
-                 requests: list[Req], horizon_s: float = 0.0, rebalancer=None,
+                 requests: list[Req] | Inbox, horizon_s: float = 0.0, rebalancer=None,
                  slo_tpot_s: float = 0.2) -> None:
         self.env = env
         self.sched = sched
         self.latency = latency
         self.policy = chunk_policy
         self.rebalancer = rebalancer
-        self.requests = requests
+        self.inbox = requests if isinstance(requests, Inbox) else Inbox(env, requests)
         self.horizon_s = horizon_s
         self.P = sched.num_slots
         self.status = "ok"
@@ -45,7 +78,7 @@ class Pipeline:
         # the controller's signals start at half the SLOs (scheduler.py:416-420)
         self.tpot_signal_s = 0.5 * slo_tpot_s
         self.rebalance_metrics = None
-        self.start_s = requests[0].arrival_s if requests else 0.0
+        self.start_s = self.inbox.queue[0].arrival_s if self.inbox.queue else 0.0
         self.step = 0
         self._observe = getattr(chunk_policy, "observe", None)
         self.iters: dict[str, list] = {c: [] for c in ITER_COLUMNS}
@@ -73,8 +106,7 @@ class Pipeline:
 
     def _scheduler(self):
         env, sched, P = self.env, self.sched, self.P
-        reqs = self.requests
-        next_arrival = 0
+        queue = self.inbox.queue
         inflight: deque = deque([None] * P, maxlen=P)
         overhead = self.latency.iteration_overhead_s
         horizon = self.horizon_s
@@ -84,19 +116,21 @@ class Pipeline:
             now = env.now
             if horizon and now >= horizon:
                 break
-            while next_arrival < len(reqs) and reqs[next_arrival].arrival_s <= now:
-                sched.add_waiting(reqs[next_arrival])
-                next_arrival += 1
+            while queue and queue[0].arrival_s <= now:
+                sched.add_waiting(queue.popleft())
             if sched.is_idle() and not any(inflight):
-                if next_arrival >= len(reqs):
-                    break
                 # NOTE: the artifact's idle path resets the token-ratio estimate.
                 sched.new_token_ratio = 0.7
-                wake = reqs[next_arrival].arrival_s
-                if horizon and wake > horizon:
-                    yield env.timeout(horizon - now)
+                if queue:
+                    wake = queue[0].arrival_s
+                    if horizon and wake > horizon:
+                        yield env.timeout(horizon - now)
+                        break
+                    yield env.timeout(wake - now)
+                elif self.inbox.closed:
                     break
-                yield env.timeout(wake - now)
+                else:
+                    yield self.inbox.wait()
                 continue
             slot = k % P
             decision = self.policy.decide(self._view(now, slot))

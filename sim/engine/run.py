@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 import simpy
 
 from sim.config import RunConfig
-from sim.engine.pipeline import Pipeline
+from sim.engine.pipeline import Inbox, Pipeline
 from sim.engine.scheduler import Scheduler
 from sim.engine.state import Req
 from sim.errors import ConfigError
@@ -90,18 +90,61 @@ def run(cfg: RunConfig, requests: list[RequestSpec] | None = None) -> RunResult:
     if sc.rebalancer is not None:
         rebalancer = rebalancers.build(sc.rebalancer.name, where="config [scheduler.rebalancer]",
                                        context=context, **dict(sc.rebalancer.params))
-    sched = Scheduler(cfg.parallel.pp, kv, max_running, policy.initial_chunk())
     reqs = [Req(r.req_id, r.arrival_s, r.prompt_tokens, r.output_tokens, max_input, max_req_len) for r in requests]
     env = simpy.Environment()
-    pipe = Pipeline(env, sched, latency, policy, reqs, cfg.horizon_s, rebalancer=rebalancer,
-                    slo_tpot_s=context.slo_tpot_s)
-    env.run(until=pipe.proc)
+    n = cfg.parallel.replicas
+    pipes = []
+    for i in range(n):
+        if i > 0:  # every replica runs its own controller instances
+            policy = chunk_policies.build(sc.chunk_policy.name, where="config [scheduler.chunk_policy]",
+                                          context=context, **params)
+            if sc.rebalancer is not None:
+                rebalancer = rebalancers.build(sc.rebalancer.name, where="config [scheduler.rebalancer]",
+                                               context=context, **dict(sc.rebalancer.params))
+        sched = Scheduler(cfg.parallel.pp, kv, max_running, policy.initial_chunk())
+        inbox = Inbox(env, reqs) if n == 1 else Inbox(env)
+        pipes.append(Pipeline(env, sched, latency, policy, inbox, cfg.horizon_s, rebalancer=rebalancer,
+                              slo_tpot_s=context.slo_tpot_s))
+    if n > 1:
+        env.process(route(env, reqs, pipes, cfg.parallel.router))
+    env.run(until=env.all_of([p.proc for p in pipes]))
+    failed = [p for p in pipes if p.status != "ok"]
+    iters: dict = {c: [] for c in pipes[0].iters}
+    iters["replica"] = []
+    busy, decisions, moves = [], [], []
+    for i, p in enumerate(pipes):
+        for c, vals in p.iters.items():
+            iters[c].extend(vals)
+        iters["replica"].extend([i] * len(p.iters["iteration"]))
+        busy.extend(p.stage_busy)
+        decisions.extend(p.decisions)
+        moves.extend(p.move_log)
     return RunResult(
-        config=cfg, status=pipe.status, reason=pipe.reason, requests=reqs, iterations=pipe.iters,
-        stage_busy=pipe.stage_busy, decisions=pipe.decisions, moves=pipe.move_log, kv_capacity_tokens=kv,
-        kv_peak_tokens=pipe.kv_peak, max_running_requests=max_running, end_s=env.now,
-        iteration_overhead_s=latency.iteration_overhead_s,
+        config=cfg, status="failed" if failed else "ok",
+        reason="; ".join(f"replica {pipes.index(p)}: {p.reason}" if n > 1 else p.reason for p in failed),
+        requests=reqs, iterations=iters, stage_busy=busy, decisions=decisions, moves=moves,
+        kv_capacity_tokens=kv, kv_peak_tokens=max(p.kv_peak for p in pipes), max_running_requests=max_running,
+        end_s=env.now, iteration_overhead_s=latency.iteration_overhead_s,
     )
+
+
+def route(env: simpy.Environment, reqs: list[Req], pipes: list[Pipeline], policy: str):
+    """The router: sends each request, when it arrives, to one replica.
+
+    `round-robin` cycles through the replicas; `least-loaded` picks the replica with the
+    fewest outstanding requests (queued, waiting or running), ties to the lowest index."""
+    for i, req in enumerate(reqs):
+        if req.arrival_s > env.now:
+            yield env.timeout(req.arrival_s - env.now)
+        if policy == "round-robin":
+            target = i % len(pipes)
+        else:
+            loads = [len(p.inbox) + len(p.sched.waiting) + p.sched.num_active for p in pipes]
+            target = loads.index(min(loads))
+        req.replica = target
+        pipes[target].inbox.push(req)
+    for p in pipes:
+        p.inbox.close()
 
 
 def startup_profile(latency, chunk: int, kv_tokens: int, max_req_len: int,

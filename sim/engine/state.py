@@ -22,7 +22,7 @@ class Req:
         "rid", "arrival_s", "prompt_len", "orig_prompt_len", "max_new", "orig_output_len",
         "out_len", "fill_len", "prefix_len", "kv_held", "slot", "state", "admit_s",
         "first_token_s", "finish_s", "num_chunks", "num_retractions", "truncated_prompt",
-        "clipped_output", "finished",
+        "clipped_output", "finished", "replica",
     )
 
     def __init__(self, rid: int, arrival_s: float, prompt_len: int, output_len: int,
@@ -49,6 +49,7 @@ class Req:
         self.num_chunks = 0
         self.num_retractions = 0
         self.finished = False
+        self.replica = 0
 
     @property
     def context_len(self) -> int:
