@@ -14,6 +14,7 @@ EPILOG_RUN = """examples:
   ppsim run experiments/configs/default.toml --out runs/default
   ppsim run experiments/configs/default.toml --set workload.rate_rps=6 --set parallel.pp=2 --out runs/pp2
   ppsim run experiments/configs/default.toml --set scheduler.chunk_size_tokens=512 --json --out runs/c512
+  ppsim run experiments/configs/default.toml --timeline --window 20:21 --out runs/timeline
 """
 
 EPILOG_MAIN = """examples:
@@ -26,6 +27,8 @@ PLUGIN_COMMANDS = (
     ("sim.workloads.cli", "add_workload_commands"),
     ("sim.latency.cli", "add_profile_commands"),
     ("sim.experiments_cli", "add_experiment_commands"),
+    ("sim.report", "add_report_commands"),
+    ("sim.plan", "add_plan_commands"),
 )
 
 SUMMARY_KEYS = (
@@ -75,6 +78,19 @@ def cmd_run(args) -> int:
         out / "decisions.csv", index=False)
     pd.DataFrame(result.moves, columns=["time_s", "slot", "req_id", "action", "where"]).to_csv(
         out / "moves.csv", index=False)
+    if args.timeline:
+        from sim.timeline import write_timeline
+
+        window = None
+        if args.window:
+            try:
+                a, b = (float(x) for x in args.window.split(":"))
+            except ValueError:
+                raise PipeSimError(f"--window {args.window!r}: expected START:END in seconds, e.g. 10:11") from None
+            if not b > a:
+                raise PipeSimError(f"--window {args.window!r}: END must be after START")
+            window = (a, b)
+        write_timeline(result, out, window)
     if args.json:
         print(json.dumps(_jsonable(summary), indent=2, sort_keys=True))
     else:
@@ -97,6 +113,11 @@ def cmd_list(args) -> int:
     print("workloads:\n  " + "\n  ".join(available_workloads() or ["(none)"]))
     print("chunk policies:\n  " + "\n  ".join(chunk_policies.names()))
     print("rebalancers:\n  " + "\n  ".join(rebalancers.names() or ["(none yet)"]))
+    from experiments import EXPERIMENT_IDS
+    from sim.schemes import SCHEMES
+
+    print("schemes:\n  " + "\n  ".join(SCHEMES))
+    print("experiments (ppsim reproduce ID):\n  " + "\n  ".join(EXPERIMENT_IDS))
     return 0
 
 
@@ -112,6 +133,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="override a config key (dotted path; value parsed as TOML); repeatable")
     p.add_argument("--out", required=True, help="output folder")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    p.add_argument("--timeline", action="store_true",
+                   help="also write timeline.json (Perfetto/Chrome trace) and timeline.png (Gantt chart)")
+    p.add_argument("--window", default=None, metavar="START:END",
+                   help="time window of the Gantt chart in seconds (default: 1 s around a busy point)")
     p.set_defaults(func=cmd_run)
     p = sub.add_parser("list", help="show shipped profiles, workloads and policies")
     p.set_defaults(func=cmd_list)

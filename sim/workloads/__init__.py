@@ -34,7 +34,9 @@ def available_workloads() -> list[str]:
 
 
 def load_workload_file(name: str) -> dict[str, Any]:
-    path = workload_path(name)
+    """A named workload (`workloads/<name>.toml`) or, when `name` is a path to a TOML file,
+    that file (a user's own workload definition, e.g. a trace with its own columns)."""
+    path = Path(name) if name.endswith(".toml") else workload_path(name)
     if not path.is_file():
         raise ConfigError(
             f"workload {name!r} not found in {WORKLOADS_DIR}; allowed: {', '.join(available_workloads())}"
@@ -52,8 +54,9 @@ def resolve_workload(table: Mapping[str, Any]) -> tuple[dict[str, Any], str]:
     """Merge a run config's [workload] table over its named file; return (table, where)."""
     table = dict(table)
     if "name" in table and "kind" not in table:
-        base = load_workload_file(str(table["name"]))
-        where = str(workload_path(str(table["name"])))
+        name = str(table["name"])
+        base = load_workload_file(name)
+        where = name if name.endswith(".toml") else str(workload_path(name))
         base.update({k: v for k, v in table.items() if k != "name"})
         return base, where
     if "kind" not in table:

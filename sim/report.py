@@ -1,0 +1,130 @@
+"""`ppsim report DIR`: a one-page summary of a run's outputs (`ppsim run ... --out DIR`).
+
+Writes `DIR/report.md` (summary tables) and `DIR/report.png` (latency CDFs, chunk size over
+time, KV usage and queue length over time, per-stage busy fraction), from the CSVs alone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+
+from sim.errors import DataError  # noqa: E402
+
+EPILOG = """examples:
+  ppsim run experiments/configs/default.toml --out runs/default
+  ppsim report runs/default          # writes runs/default/report.md and report.png
+"""
+
+
+def _read(run_dir: Path, name: str) -> pd.DataFrame:
+    path = run_dir / name
+    if not path.is_file():
+        raise DataError(f"{path}: missing; is {run_dir} the --out folder of 'ppsim run'?")
+    return pd.read_csv(path)
+
+
+def make_report(run_dir: str | Path) -> tuple[Path, Path]:
+    run_dir = Path(run_dir)
+    req = _read(run_dir, "requests.csv")
+    it = _read(run_dir, "iterations.csv")
+    summary_path = run_dir / "summary.json"
+    if not summary_path.is_file():
+        raise DataError(f"{summary_path}: missing; is {run_dir} the --out folder of 'ppsim run'?")
+    summary = json.loads(summary_path.read_text())
+    decisions = pd.read_csv(run_dir / "decisions.csv") if (run_dir / "decisions.csv").is_file() else pd.DataFrame()
+
+    fig, axes = plt.subplots(2, 3, figsize=(16, 8.5))
+    fin = req[req["status"] == "finished"]
+    for ax, metric, slo in ((axes[0, 0], "ttft_ms", summary.get("slo_ttft_ms")),
+                            (axes[0, 1], "tpot_ms", summary.get("slo_tpot_ms"))):
+        v = np.sort(fin[metric].dropna().to_numpy())
+        if len(v):
+            ax.plot(v, np.arange(1, len(v) + 1) / len(v))
+        if slo:
+            ax.axvline(slo, color="k", ls="--", lw=0.8, label="SLO")
+        ax.set_xlabel(metric.replace("_", " "))
+        ax.set_ylabel("CDF")
+        ax.set_title(f"{metric.split('_')[0].upper()} CDF (finished requests)")
+        ax.legend(fontsize=7)
+    busy_it = it[it["mode"] != "idle"]
+    v = np.sort(busy_it["iter_ms"].to_numpy())
+    if len(v):
+        axes[0, 2].plot(v, np.arange(1, len(v) + 1) / len(v))
+    axes[0, 2].set_xlabel("per-iteration latency (ms)")
+    axes[0, 2].set_ylabel("CDF")
+    axes[0, 2].set_title("iteration latency CDF (busy iterations)")
+    ax = axes[1, 0]
+    ax.step(it["start_s"], it["chunk_size"], where="post")
+    ax.set_xlabel("time (s)")
+    ax.set_ylabel("chunk size (tokens)")
+    ax.set_title(f"chunk size over time ({len(decisions)} changes)")
+    ax = axes[1, 1]
+    ax.plot(it["start_s"], it["kv_used_tokens"], lw=0.8, label="KV used (tokens)")
+    ax.axhline(summary.get("kv_capacity_tokens", np.nan), color="k", ls="--", lw=0.8, label="KV capacity")
+    ax.set_xlabel("time (s)")
+    ax.set_ylabel("tokens")
+    ax2 = ax.twinx()
+    ax2.plot(it["start_s"], it["num_waiting"], color="tab:red", lw=0.8, label="queue length")
+    ax2.set_ylabel("waiting requests")
+    ax.set_title("KV usage and queue length")
+    ax.legend(loc="upper left", fontsize=7)
+    ax2.legend(loc="upper right", fontsize=7)
+    busy_cols = sorted((c for c in it.columns if c.endswith("_busy_ms")), key=lambda c: int(c[5:-8]))
+    total_ms = it["iter_ms"].sum()
+    busy_frac = [it[c].sum() / total_ms if total_ms else np.nan for c in busy_cols]
+    axes[1, 2].bar([c[:-8] for c in busy_cols], busy_frac)
+    axes[1, 2].set_ylim(0, 1)
+    axes[1, 2].set_ylabel("busy fraction")
+    axes[1, 2].set_title("per-stage busy fraction (1 - bubbles)")
+    fig.suptitle(f"PipeSim run: {run_dir}", fontsize=11)
+    fig.tight_layout()
+    png = run_dir / "report.png"
+    fig.savefig(png, dpi=100, bbox_inches="tight")
+    plt.close(fig)
+
+    keys = ["status", "num_requests", "num_finished", "slo_attainment", "ttft_attainment", "tpot_attainment",
+            "throughput_rps", "output_tokens_per_s", "bubble_fraction", "kv_capacity_tokens", "kv_peak_tokens",
+            "num_retractions", "num_chunk_decisions", "num_rebalancer_moves", "duration_s"]
+    lines = [f"# Run report: {run_dir}", "", "## Summary", "", "| metric | value |", "|---|---|"]
+    lines += [f"| {k} | {_fmt(summary.get(k))} |" for k in keys if k in summary]
+    if summary.get("reason"):
+        lines.append(f"| reason | {summary['reason']} |")
+    lines += ["", "## Latency (ms)", "", "| metric | mean | P50 | P90 | P99 |", "|---|---|---|---|---|"]
+    for m in ("ttft", "tpot", "e2e", "iter"):
+        lines.append(f"| {m} | " + " | ".join(_fmt(summary.get(f"{s}_{m}_ms")) for s in ("mean", "p50", "p90", "p99")) + " |")
+    lines += ["", "## Per-stage busy fraction", "", "| stage | busy |", "|---|---|"]
+    lines += [f"| {c[5:-8]} | {_fmt(f)} |" for c, f in zip(busy_cols, busy_frac)]
+    lines += ["", "## Requests by status", "", "| status | count |", "|---|---|"]
+    lines += [f"| {k} | {v} |" for k, v in req["status"].value_counts().items()]
+    lines += ["", "![report](report.png)", ""]
+    md = run_dir / "report.md"
+    md.write_text("\n".join(lines))
+    return md, png
+
+
+def _fmt(v) -> str:
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    return "n/a" if v is None else str(v)
+
+
+def cmd_report(args) -> int:
+    md, png = make_report(args.run_dir)
+    print(f"wrote {md} and {png}")
+    return 0
+
+
+def add_report_commands(sub) -> None:
+    p = sub.add_parser("report", help="one-page summary of a run folder", epilog=EPILOG,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("run_dir", help="the --out folder of 'ppsim run'")
+    p.set_defaults(func=cmd_report)
