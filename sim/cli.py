@@ -29,6 +29,7 @@ PLUGIN_COMMANDS = (
     ("sim.experiments_cli", "add_experiment_commands"),
     ("sim.report", "add_report_commands"),
     ("sim.plan", "add_plan_commands"),
+    ("sim.fidelity", "add_fidelity_commands"),
 )
 
 SUMMARY_KEYS = (

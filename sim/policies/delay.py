@@ -8,6 +8,7 @@ micro-batch's decode count sits on the hardware's 128-request tiers.
 
 from __future__ import annotations
 
+from sim.errors import ConfigError
 from sim.policies.base import Move, rebalancers
 from sim.policies.greedy import check_positive
 
@@ -38,9 +39,9 @@ class DelayScheduling:
                  kv_free_threshold: float = 0.10, mode: str = "auto", tpot_first_ratio: float = 0.9) -> None:
         check_positive("base_unit", base_unit, integer=True)
         if mode not in MODES:
-            raise ValueError(f"mode must be one of {', '.join(MODES)}; got {mode!r}")
+            raise ConfigError(f"mode must be one of {', '.join(MODES)}; got {mode!r}")
         if alpha < 0 or waiting_tok_threshold < 0 or kv_free_threshold < 0 or tpot_first_ratio < 0:
-            raise ValueError("alpha, waiting_tok_threshold, kv_free_threshold, tpot_first_ratio must be >= 0")
+            raise ConfigError("alpha, waiting_tok_threshold, kv_free_threshold, tpot_first_ratio must be >= 0")
         self.pp = context.num_stages
         self.unit, self.alpha = base_unit, alpha
         self.wait_th, self.kv_th = waiting_tok_threshold, kv_free_threshold

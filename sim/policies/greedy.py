@@ -11,6 +11,7 @@ import math
 
 import numpy as np
 
+from sim.errors import ConfigError
 from sim.policies.base import ChunkDecision, chunk_policies
 
 
@@ -21,7 +22,7 @@ class SignalWindow:
 
     def __init__(self, slo_ttft_s: float, slo_tpot_s: float, stat: str = "mean") -> None:
         if stat not in ("mean", "p90"):
-            raise ValueError(f"signal_stat must be 'mean' or 'p90', got {stat!r}")
+            raise ConfigError(f"signal_stat must be 'mean' or 'p90', got {stat!r}")
         self.ttft = 0.5 * slo_ttft_s
         self.tpot = 0.5 * slo_tpot_s
         self.stat = stat
@@ -57,7 +58,7 @@ def watermark_chunk(counts, rule: str = "artifact", step: int = 128) -> int:
         return ((min(counts) + 64) // 128 + 1) * 128
     if rule == "paper":
         return (max(counts) // step + 1) * step
-    raise ValueError(f"watermark_rule must be 'artifact' or 'paper', got {rule!r}")
+    raise ConfigError(f"watermark_rule must be 'artifact' or 'paper', got {rule!r}")
 
 
 def safety_guard(chunk: int, batches, counts) -> tuple[int, bool]:
@@ -73,7 +74,7 @@ def check_positive(name: str, value, integer: bool = False) -> None:
     if integer:
         ok = ok and isinstance(value, int)
     if not ok:
-        raise ValueError(f"{name} must be a positive {'integer' if integer else 'number'}, got {value!r}")
+        raise ConfigError(f"{name} must be a positive {'integer' if integer else 'number'}, got {value!r}")
 
 
 @chunk_policies.register("greedy")

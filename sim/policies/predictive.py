@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 
+from sim.errors import ConfigError
 from sim.policies.base import ChunkDecision, chunk_policies
 from sim.policies.greedy import SignalWindow, check_positive, safety_guard, watermark_chunk
 from sim.policies.rls import ALPPredictor, candidate_chunks
@@ -51,7 +52,7 @@ class PredictiveChunk:
         for n in ("tpot_coef", "throughput_coef", "window_s"):
             check_positive(n, locals()[n])
         if start_lead_s < 0 or fresh_epsilon < 0:
-            raise ValueError("start_lead_s and fresh_epsilon must be >= 0")
+            raise ConfigError("start_lead_s and fresh_epsilon must be >= 0")
         watermark_chunk([0], watermark_rule)
         self.ctx = context
         self.pp = context.num_stages

@@ -146,9 +146,7 @@ class ALPPredictor:
     def select_snapshot(self, batches):
         """The heaviest in-flight micro-batch, or None when none is a prefill (no sample)."""
         live = sorted((b for b in batches if b is not None and b.num_tokens > 0), key=lambda b: b.slot)
-        if not any(b.mode != "decode" for b in live):
-            return None
-        if not live:
+        if not live or not any(b.mode != "decode" for b in live):
             return None
         top = max(self.update_chunk(b.num_tokens) for b in live)
         tied = [b for b in live if self.update_chunk(b.num_tokens) == top]
