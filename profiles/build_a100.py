@@ -16,6 +16,12 @@ What it builds (format: profiles/FORMAT.md; method: reference/latency-profiles.m
 
 for <model> in qwen2.5-32b, qwen2.5-14b and T in 1, 2, 4.
 
+Fitted values: when ``profiles/fits.toml`` exists (written by ``profiles/calibrate.py``), its lookup mode,
+s_mem, s_comp and cpu_ms and its [[fit]] records (target, achieved, residual, seeds, simulator commit,
+method) go into every a100-pcie-40gb meta.toml (the 14B profiles inherit the 32B fit); parameters it does
+not fit keep their defaults with a status saying why. The NVSwitch profiles are not affected. ``--fits``
+points elsewhere (a missing file means: defaults).
+
 Sources (relative to the data folder):
 
 * layer_nonattn.csv: research-derived/qwen2.5_a100_layer_linear_ms.csv (per-layer A100-80GB values). The

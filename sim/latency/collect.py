@@ -27,7 +27,6 @@ import statistics
 import time
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 
 from sim.errors import PipeSimError
@@ -233,7 +232,7 @@ def collect(model_cfg: str | Path, out: str | Path, device: str = "cpu", quick: 
         comm = time_comm(torch, tp, grid, out)
         if comm is not None:
             (out / "comm_raw.csv").unlink(missing_ok=True)
-    dev_name = torch.cuda.get_device_name(0) if device == "cuda" else (platform.processor() or platform.machine())
+    dev_name = torch.cuda.get_device_name(0) if device == "cuda" else cpu_name()
     provenance = {
         "tool": "ppsim profile collect" + (" --quick" if quick else ""),
         "device": device, "device_name": dev_name, "torch_version": torch.__version__,
@@ -258,5 +257,11 @@ def collect(model_cfg: str | Path, out: str | Path, device: str = "cpu", quick: 
     return prof
 
 
-def grid_array(values) -> np.ndarray:  # small helper for tests
-    return np.asarray(values, dtype=int)
+def cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
