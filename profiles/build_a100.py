@@ -410,7 +410,13 @@ def load_fits(path: Path | None) -> dict | None:
     if path is None or not path.is_file():
         return None
     raw = tomllib.loads(path.read_text())
-    return {"lookup": raw.get("lookup", {}), "fit": {f["param"]: f for f in raw.get("fit", [])}}
+    fits = {"lookup": raw.get("lookup", {}), "fit": {f["param"]: f for f in raw.get("fit", [])}}
+    # NOTE: the TP all-reduce step (profiles/calibrate_tp.py) writes its own file, so re-running
+    # the step-2 calibration never drops it.
+    tp_path = path.with_name("fits_tp.toml")
+    if tp_path.is_file():
+        fits["fit"].update({f["param"]: f for f in tomllib.loads(tp_path.read_text()).get("fit", [])})
+    return fits
 
 
 def toml_str(s: str) -> str:
@@ -490,11 +496,11 @@ def render_meta(hardware: str, model: str, tp: int, sources: list[str], derivati
     else:
         out += [
             'model = "alpha-beta"',
-            "p2p_alpha_us = 25",
-            "p2p_bw_gbps = 10",
+            f"p2p_alpha_us = {toml_num(fitted.get('p2p_alpha_us', 25))}",
+            f"p2p_bw_gbps = {toml_num(fitted.get('p2p_bw_gbps', 10))}",
             f"activation_bytes_per_token = {ACTIVATION_BYTES_PER_TOKEN}",
-            "allreduce_alpha_us = 60",
-            "allreduce_busbw_gbps = 9",
+            f"allreduce_alpha_us = {toml_num(fitted.get('allreduce_alpha_us', 60))}",
+            f"allreduce_busbw_gbps = {toml_num(fitted.get('allreduce_busbw_gbps', 9))}",
         ]
     out += [
         "",
@@ -512,6 +518,7 @@ def render_meta(hardware: str, model: str, tp: int, sources: list[str], derivati
                       p2p_bw_gbps=comm["p2p"]["bw_gbps"], p2p_alpha_us=comm["p2p"]["alpha_us"])
     else:
         values.update(allreduce_busbw_gbps=9, allreduce_alpha_us=60, p2p_bw_gbps=10, p2p_alpha_us=25)
+        values.update({k: v for k, v in fitted.items() if k in values})
     for param in ("s_mem", "s_comp", "cpu_ms", "allreduce_busbw_gbps", "allreduce_alpha_us",
                   "p2p_bw_gbps", "p2p_alpha_us"):
         status, target, achieved, residual = "default, not yet fitted", FIT_TARGETS[param], "", ""

@@ -35,6 +35,20 @@ def add_experiment_commands(sub) -> None:
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.set_defaults(func=cmd_reproduce)
 
+    p = sub.add_parser("goodput", help="find the goodput of one config (rate sweep + bisection)",
+                       epilog=GOODPUT_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("config", help="run config (TOML); its workload's rate is swept")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override; repeatable")
+    p.add_argument("--rates", default="1:10", help="integer rates to sweep, LO:HI inclusive (default 1:10)")
+    p.add_argument("--tol", type=float, default=0.05, help="bisection tolerance in req/s (default 0.05)")
+    p.add_argument("--seeds", type=int, default=1, help="replications (mean and 95%% CI)")
+    p.add_argument("--jobs", type=int, default=1)
+    p.add_argument("--executor", default="process", help="process (default) or ray")
+    p.add_argument("--address", default=None)
+    p.add_argument("--out", default=None, help="folder for the per-rate CSV and the point cache")
+    p.add_argument("--no-progress", action="store_true")
+    p.set_defaults(func=cmd_goodput)
+
     p = sub.add_parser("validate", help="compare the simulator with a real bench_serving run",
                        epilog=VALIDATE_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--bench-log", required=True, help="bench_serving JSONL result file")
@@ -52,6 +66,51 @@ VALIDATE_EPILOG = """examples:
 Format: one JSON object per line with request_rate and the lists ttfts, tpots, e2es (seconds;
 --units ms for milliseconds), as SGLang's bench_serving writes them. See sim/validate.py.
 """
+
+
+GOODPUT_EPILOG = """examples:
+  ppsim goodput experiments/configs/default.toml
+  ppsim goodput experiments/configs/tp4.toml --rates 1:6 --jobs 2
+  ppsim goodput experiments/configs/default.toml --set scheduler.chunk_size_tokens=256 --seeds 3
+Goodput = the highest rate at which P90 TTFT and P90 TPOT meet the config's [slo].
+"""
+
+
+def cmd_goodput(args) -> int:
+    import pandas as pd
+
+    from sim.config import apply_overrides, config_from_table, load_config
+    from sim.sweep import Runner, Search, goodput_searches, mean_ci, per_rate_rows
+
+    try:
+        lo, hi = (int(x) for x in args.rates.split(":"))
+    except ValueError:
+        raise ConfigError(f"--rates {args.rates!r}: expected LO:HI integers, e.g. 1:10") from None
+    if not 0 < lo <= hi:
+        raise ConfigError(f"--rates {args.rates!r}: need 0 < LO <= HI")
+    cfg = load_config(args.config, args.set)  # validates the config and the overrides
+    import tomllib
+
+    base = apply_overrides(tomllib.loads(Path(args.config).read_text()), args.set)
+    config_from_table(base, args.config)
+    out = Path(args.out) if args.out else None
+    runner = Runner(out / "cache.jsonl" if out else None, jobs=args.jobs, executor=args.executor,
+                    address=args.address, progress=not args.no_progress)
+    searches = []
+    for seed in range(1, args.seeds + 1):
+        table = dict(base, seed=seed if args.seeds > 1 else base.get("seed", 1))
+        searches.append(Search({"seed": table["seed"]}, table, list(range(lo, hi + 1)), cfg.slo.ttft_ms, cfg.slo.tpot_ms))
+    res = goodput_searches(runner, searches, tol=args.tol)
+    rows = pd.DataFrame(per_rate_rows(searches))
+    cols = ["seed", "rate_rps", "meets_slo", "p90_ttft_ms", "p90_tpot_ms", "slo_attainment", "status"]
+    print(rows[rows["integer_rate"]][cols].to_string(index=False, float_format=lambda v: f"{v:.1f}"))
+    m, ci_lo, ci_hi = mean_ci([r["goodput_rps"] for r in res])
+    flags = sorted(set(r["flag"] for r in res if r["flag"]))
+    print(f"goodput: {m:.2f} req/s" + (f" (95% CI {ci_lo:.2f}-{ci_hi:.2f} over {args.seeds} seeds)" if args.seeds > 1 else "")
+          + (f" [{'; '.join(flags)}]" if flags else ""))
+    if out:
+        rows.to_csv(out / "goodput_rates.csv", index=False)
+    return 0
 
 
 def cmd_validate(args) -> int:
