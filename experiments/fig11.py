@@ -14,9 +14,9 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from experiments.common import Context, aggregate_goodput, best_static, goodput_study, savefig  # noqa: E402
-from experiments.runs import QUANTILES, evaluate_distributions  # noqa: E402
+from experiments.runs import QUANTILES, distribution_runner  # noqa: E402
 from sim.schemes import scheme_table  # noqa: E402
-from sim.sweep import Runner, with_rate  # noqa: E402
+from sim.sweep import with_rate  # noqa: E402
 
 MODEL = "qwen2.5-32b"
 CASES = (("azure-conv", 4.0, 400), ("cnn", 5.0, 1000), ("cnn-reversed", 8.0, 1000))
@@ -40,8 +40,7 @@ def best_chunks(ctx: Context) -> dict[str, int]:
 
 def compute(ctx: Context) -> dict[str, pd.DataFrame]:
     chunks = best_chunks(ctx)
-    runner = Runner(ctx.out_dir / "cache" / "distributions.jsonl", jobs=ctx.jobs, executor=ctx.executor,
-                    address=ctx.address, progress=ctx.progress, evaluate_fn=evaluate_distributions)
+    runner = distribution_runner(ctx)
     tables, labels = [], []
     for wl, rate, n in CASES:
         n = min(n, 150) if ctx.quick else n

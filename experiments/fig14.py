@@ -13,9 +13,8 @@ import pandas as pd  # noqa: E402
 
 from experiments.common import Context, savefig  # noqa: E402
 from experiments.fig11 import best_chunks  # noqa: E402
-from experiments.runs import QUANTILES, evaluate_distributions  # noqa: E402
+from experiments.runs import QUANTILES, distribution_runner  # noqa: E402
 from sim.schemes import scheme_table  # noqa: E402
-from sim.sweep import Runner  # noqa: E402
 
 MODEL = "qwen2.5-32b"
 SCHEMES = ("TP", "PP_2048", "PP_static", "DCP_greedy", "DCP_pred", "DCP_pred+DS")
@@ -27,8 +26,7 @@ def compute(ctx: Context) -> dict[str, pd.DataFrame]:
     workload = {"name": "azure-conv-replay"}
     if ctx.quick:
         workload["window_minutes"] = 2.0
-    runner = Runner(ctx.out_dir / "cache" / "distributions.jsonl", jobs=ctx.jobs, executor=ctx.executor,
-                    address=ctx.address, progress=ctx.progress, evaluate_fn=evaluate_distributions)
+    runner = distribution_runner(ctx)
     tables, labels = [], []
     for tpot in TPOT_SLOS:
         for scheme in SCHEMES:

@@ -39,3 +39,11 @@ def evaluate_distributions(table: dict) -> dict:
     arrived = req[req["status"] != "not_arrived"]
     out["finished_within_60s"] = float(((arrived["status"] == "finished") & (arrived["e2e_ms"] <= 60_000)).mean())
     return out
+
+
+def distribution_runner(ctx):
+    """A sweep runner of `evaluate_distributions`, cached beside the summaries."""
+    from sim.sweep import Runner
+
+    return Runner(ctx.out_dir / "cache" / "distributions.jsonl", jobs=ctx.jobs, executor=ctx.executor,
+                  address=ctx.address, progress=ctx.progress, evaluate_fn=evaluate_distributions)

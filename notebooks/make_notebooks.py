@@ -47,7 +47,7 @@ NOTEBOOKS = {
                  "fig, axes = plt.subplots(1, cdf.workload.nunique(), figsize=(14, 3.2), squeeze=False)\n"
                  "for ax, (wl, g) in zip(axes[0], cdf.groupby('workload')):\n"
                  "    for scheme, s in g.groupby('scheme'):\n"
-                 "        ax.plot(s.iter_ms, s.quantile, label=scheme)\n"
+                 "        ax.plot(s['iter_ms'], s['quantile'], label=scheme)\n"
                  "    ax.set_title(wl); ax.set_xlabel('iteration (ms)'); ax.legend(fontsize=7)\n"
                  "plt.show()"),
     ],
@@ -63,7 +63,7 @@ NOTEBOOKS = {
                  "fig, axes = plt.subplots(1, 3, figsize=(14, 3.2))\n"
                  "for ax, (metric, g) in zip(axes, base.groupby('metric')):\n"
                  "    for scheme, s in g.groupby('scheme'):\n"
-                 "        ax.plot(s.value_ms, s.quantile, label=scheme)\n"
+                 "        ax.plot(s['value_ms'], s['quantile'], label=scheme)\n"
                  "    ax.set_xscale('log'); ax.set_title(metric); ax.legend(fontsize=6)\n"
                  "plt.show()"),
     ],

@@ -19,8 +19,12 @@ EPILOG_RUN = """examples:
 
 EPILOG_MAIN = """examples:
   ppsim run experiments/configs/default.toml --out runs/default
+  ppsim report runs/default
+  ppsim goodput experiments/configs/tp4.toml --jobs 2
+  ppsim plan --model qwen2.5-32b --gpus 4 --workload azure-conv-synth
+  ppsim reproduce fig9 --quick
   ppsim list
-  ppsim workload stats azure-conv-synth
+Every command's --help lists its own examples. Errors are one line and exit with code 2.
 """
 
 PLUGIN_COMMANDS = (
@@ -139,7 +143,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--window", default=None, metavar="START:END",
                    help="time window of the Gantt chart in seconds (default: 1 s around a busy point)")
     p.set_defaults(func=cmd_run)
-    p = sub.add_parser("list", help="show shipped profiles, workloads and policies")
+    p = sub.add_parser("list", help="show shipped profiles, workloads, policies, schemes and experiments",
+                       epilog="examples:\n  ppsim list\n  ppsim list | grep qwen2.5-14b\n",
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
     p.set_defaults(func=cmd_list)
     # Sub-command groups that live with their modules register themselves here.
     import importlib

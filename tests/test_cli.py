@@ -87,3 +87,18 @@ def test_bad_toml_file(tmp_path, capsys):
 def test_console_script_help_lists_examples():
     out = subprocess.run([sys.executable, "-m", "sim.cli", "run", "--help"], capture_output=True, text=True, check=True)
     assert "examples:" in out.stdout
+
+
+@pytest.mark.parametrize("command", ["run", "list", "workload", "profile", "reproduce", "goodput", "validate",
+                                     "report", "plan", "fidelity"])
+def test_every_subcommand_help_lists_examples(command, capsys):
+    with pytest.raises(SystemExit) as exc:
+        from sim.cli import build_parser
+
+        build_parser().parse_args([command, "--help"])
+    assert exc.value.code == 0
+    assert "examples:" in capsys.readouterr().out
+
+
+def test_unknown_command_exits_2(capsys):
+    assert main(["frobnicate"]) == 2
