@@ -68,7 +68,7 @@ def sweep_workload(ctx: Context, name: str) -> tuple[dict, list[float]]:
     return table, list(rates)
 
 
-def goodput_study(ctx: Context, models, workloads, schemes, slo_scales=(1.0,), desc="goodput"):
+def goodput_study(ctx: Context, models, workloads, schemes, slo_scales=(1.0,), desc="goodput", full_sweep=True):
     """Goodput searches for every (model, workload, scheme, slo scale, seed). `PP_static`
     expands to every static chunk; its best chunk is picked afterwards.
 
@@ -89,7 +89,7 @@ def goodput_study(ctx: Context, models, workloads, schemes, slo_scales=(1.0,), d
                             label = {"model": model, "workload": wl, "scheme": sch, "group": scheme,
                                      "chunk": chunk, "slo_scale": scale, "seed": seed}
                             searches.append(Search(label, table, rates, 2000.0 * scale, 200.0 * scale))
-    good = pd.DataFrame(goodput_searches(ctx.runner, searches, tol=ctx.tol, desc=desc))
+    good = pd.DataFrame(goodput_searches(ctx.runner, searches, tol=ctx.tol, desc=desc, full_sweep=full_sweep))
     rows = pd.DataFrame(per_rate_rows(searches))
     return rows, good
 

@@ -192,17 +192,54 @@ class Search:
         return meets_slo(self.results[rate], self.ttft_ms, self.tpot_ms)
 
 
-def goodput_searches(runner: Runner, searches: list[Search], tol: float = 0.05, desc: str = "goodput") -> list[dict]:
-    """Run several goodput searches together: one parallel batch of integer rates, then
-    bisection rounds (one midpoint per unfinished search per round)."""
-    batch = [with_rate(s.table, r) for s in searches for r in s.rates]
-    res = runner.run(batch, desc=f"{desc}: sweep")
-    i = 0
+def goodput_searches(runner: Runner, searches: list[Search], tol: float = 0.05, desc: str = "goodput",
+                     max_rate: float = 64.0, full_sweep: bool = True, step: int = 2) -> list[dict]:
+    """Run several goodput searches together: the integer-rate sweep, then (for searches that
+    still pass at their highest rate) extension rounds at 1.5x the highest rate up to
+    `max_rate`, then bisection rounds (one midpoint per unfinished search per round).
+
+    `full_sweep=True` runs every rate of the sweep in one parallel batch (the artifact's sweep,
+    for per-rate figures); `full_sweep=False` climbs the rates `step` at a time per search and
+    stops a search at its first failing rate (same goodput when the outcome is monotone, far
+    fewer overloaded runs; non-monotone outcomes above the first failure go unseen)."""
+    if full_sweep:
+        batch = [with_rate(s.table, r) for s in searches for r in s.rates]
+        res = runner.run(batch, desc=f"{desc}: sweep")
+        i = 0
+        for s in searches:
+            for r in s.rates:
+                s.results[r] = res[i]
+                i += 1
+    else:
+        todo = {id(s): sorted(s.rates) for s in searches}
+        while True:
+            jobs = []
+            for s in searches:
+                rates = todo[id(s)]
+                if rates and not any(not s.passes(r) for r in s.results):
+                    jobs += [(s, r) for r in rates[:step]]
+                    todo[id(s)] = rates[step:]
+            if not jobs:
+                break
+            res = runner.run([with_rate(s.table, r) for s, r in jobs], desc=f"{desc}: sweep")
+            for (s, r), out in zip(jobs, res):
+                s.results[r] = out
     for s in searches:
-        for r in s.rates:
-            s.results[r] = res[i]
-            i += 1
         _bracket(s)
+    while True:
+        # NOTE: beyond the sweep's range, so that a goodput above it is found, not capped.
+        open_ = [s for s in searches if not math.isfinite(s.hi) and max(s.results) < max_rate]
+        if not open_:
+            break
+        nxt = [min(max_rate, float(max(math.ceil(max(s.results) * 1.5), max(s.results) + 1))) for s in open_]
+        res = runner.run([with_rate(s.table, r) for s, r in zip(open_, nxt)], desc=f"{desc}: extend")
+        for s, r, out in zip(open_, nxt, res):
+            s.results[r] = out
+            if meets_slo(out, s.ttft_ms, s.tpot_ms):
+                s.lo = r
+            else:
+                s.hi = r
+                s.flag = "extended beyond the sweep range"
     while True:
         active = [s for s in searches if s.hi - s.lo > tol + 1e-9 and math.isfinite(s.hi)]
         if not active:
@@ -222,7 +259,7 @@ def goodput_searches(runner: Runner, searches: list[Search], tol: float = 0.05, 
 
 
 def _bracket(s: Search) -> None:
-    rates = sorted(s.rates)
+    rates = sorted(r for r in s.rates if r in s.results)
     passing = [s.passes(r) for r in rates]
     if all(passing):
         s.lo, s.hi, s.flag = rates[-1], math.inf, "not_bracketed (passes at the highest rate)"

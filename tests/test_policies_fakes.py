@@ -70,6 +70,12 @@ class FakeView:
     def running(self):
         return self.running_reqs
 
+    def running_ids(self):
+        return tuple(r.req_id for r in self.running_reqs)
+
+    def pending_ids(self):
+        return tuple(r.req_id for r in self.pending_reqs)
+
     def pending(self):
         return self.pending_reqs
 

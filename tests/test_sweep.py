@@ -31,11 +31,15 @@ def test_bisection_finds_the_threshold_to_tolerance(threshold):
     runner = Runner(None, jobs=1, progress=False, evaluate_fn=fake_eval(threshold))
     s = Search({"k": 1}, {"workload": {}}, list(range(1, 11)))
     (res,) = goodput_searches(runner, [s], tol=0.05)
-    if threshold >= 10:
-        assert res["goodput_rps"] == 10 and "not_bracketed" in res["flag"]
-    else:
-        assert threshold - 0.05 - 1e-9 <= res["goodput_rps"] <= threshold + 1e-9
-        assert res["flag"] == ""
+    assert threshold - 0.05 - 1e-9 <= res["goodput_rps"] <= threshold + 1e-9
+    # above the sweep's range the search extends instead of capping the goodput
+    assert res["flag"] == ("extended beyond the sweep range" if threshold >= 10 else "")
+
+
+def test_goodput_above_the_cap_is_flagged():
+    runner = Runner(None, progress=False, evaluate_fn=fake_eval(500.0))
+    (res,) = goodput_searches(runner, [Search({}, {"workload": {}}, [1, 2, 3])], tol=0.05, max_rate=20)
+    assert res["goodput_rps"] == 20 and "not_bracketed" in res["flag"]
 
 
 def test_non_monotone_outcome_is_flagged():
@@ -114,3 +118,14 @@ def test_mean_ci():
     assert m == 2.0 and lo < 2.0 < hi
     assert mean_ci([5.0]) == (5.0, 5.0, 5.0)
     assert all(math.isnan(x) for x in mean_ci([]))
+
+
+@pytest.mark.parametrize("threshold", [0.5, 3.3, 7.0, 12.5])
+def test_lazy_sweep_finds_the_same_goodput_with_fewer_runs(threshold):
+    full_runner = Runner(None, progress=False, evaluate_fn=fake_eval(threshold))
+    lazy_runner = Runner(None, progress=False, evaluate_fn=fake_eval(threshold))
+    (full,) = goodput_searches(full_runner, [Search({}, {"workload": {}}, list(range(1, 11)))], tol=0.05)
+    (lazy,) = goodput_searches(lazy_runner, [Search({}, {"workload": {}}, list(range(1, 11)))], tol=0.05,
+                               full_sweep=False)
+    assert full["goodput_rps"] == lazy["goodput_rps"]
+    assert len(lazy_runner.cache) <= len(full_runner.cache)

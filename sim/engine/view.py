@@ -151,6 +151,14 @@ class SchedulerView:
         run = self._sched.slots[self.slot].running or []
         return tuple(RunningInfo(r.rid, r.arrival_s, r.admit_s, r.prompt_len, r.out_len) for r in run)
 
+    def running_ids(self) -> tuple[int, ...]:
+        """Request ids of the current slot's running batch, head (newest) first (cheap)."""
+        return tuple(r.rid for r in (self._sched.slots[self.slot].running or ()))
+
+    def pending_ids(self) -> tuple[int, ...]:
+        """Request ids of the paused requests, head first (cheap)."""
+        return tuple(r.rid for r in self._sched.pending)
+
     def pending(self) -> tuple[RunningInfo, ...]:
         """Requests paused by the rebalancer, head first."""
         return tuple(RunningInfo(r.rid, r.arrival_s, r.admit_s, r.prompt_len, r.out_len) for r in self._sched.pending)

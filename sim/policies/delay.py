@@ -55,7 +55,7 @@ class DelayScheduling:
         return view.tpot_signal_s, view.waiting_prompt_tokens(), view.kv_free_tokens / view.kv_capacity_tokens
 
     def rebalance(self, view) -> list[Move]:
-        running, pending = view.running(), view.pending()
+        running, pending = view.running_ids(), view.pending_ids()
         self.last_case = ""
         if not running and not pending:
             return []
@@ -92,7 +92,7 @@ class DelayScheduling:
         """Oldest (tail) or newest (head) k requests to the pending head, keeping their order:
         inserting at the head one by one, so the block goes in reverse."""
         block = running[len(running) - k:] if tpot_first else running[:k]
-        return [Move(r.req_id, True, True) for r in reversed(block)]
+        return [Move(rid, True, True) for rid in reversed(block)]
 
     @staticmethod
     def _resume(pending, k: int, tpot_first: bool) -> list[Move]:
@@ -100,5 +100,5 @@ class DelayScheduling:
         (TPOT_FIRST) or prepended, in order, to its head (E2E_FIRST, LIFO)."""
         block = pending[len(pending) - k:]
         if tpot_first:
-            return [Move(r.req_id, False, False) for r in block]
-        return [Move(r.req_id, False, True) for r in reversed(block)]
+            return [Move(rid, False, False) for rid in block]
+        return [Move(rid, False, True) for rid in reversed(block)]
