@@ -24,6 +24,7 @@ SWEEP_WORKLOADS = {
     "cnn-reversed": ({"name": "cnn-reversed", "num_requests": 1000}, list(range(1, 12))),
 }
 QUICK_REQUESTS = 120
+MAX_RATE = 64.0  # goodput searches extend past the sweep's range up to this rate
 QUICK_RATES = [1, 3, 5, 7, 9, 11]
 
 
@@ -68,7 +69,8 @@ def sweep_workload(ctx: Context, name: str) -> tuple[dict, list[float]]:
     return table, list(rates)
 
 
-def goodput_study(ctx: Context, models, workloads, schemes, slo_scales=(1.0,), desc="goodput", full_sweep=True):
+def goodput_study(ctx: Context, models, workloads, schemes, slo_scales=(1.0,), desc="goodput", full_sweep=True,
+                  extend: bool = True):
     """Goodput searches for every (model, workload, scheme, slo scale, seed). `PP_static`
     expands to every static chunk; its best chunk is picked afterwards.
 
@@ -89,22 +91,27 @@ def goodput_study(ctx: Context, models, workloads, schemes, slo_scales=(1.0,), d
                             label = {"model": model, "workload": wl, "scheme": sch, "group": scheme,
                                      "chunk": chunk, "slo_scale": scale, "seed": seed}
                             searches.append(Search(label, table, rates, 2000.0 * scale, 200.0 * scale))
-    good = pd.DataFrame(goodput_searches(ctx.runner, searches, tol=ctx.tol, desc=desc, full_sweep=full_sweep))
+    max_rate = MAX_RATE if extend else max(max(s.rates) for s in searches)
+    good = pd.DataFrame(goodput_searches(ctx.runner, searches, tol=ctx.tol, desc=desc, full_sweep=full_sweep,
+                                         max_rate=max_rate))
     rows = pd.DataFrame(per_rate_rows(searches))
     return rows, good
 
 
 def best_static(good: pd.DataFrame) -> pd.DataFrame:
-    """Collapse PP_<c> rows of the PP_static group to the best chunk per (model, workload,
-    slo scale, seed); ties go to the smaller chunk."""
+    """Add a PP_static row per (model, workload, slo scale, seed): the best PP_<c> of the
+    PP_static group (ties go to the smaller chunk). Each PP_<c> row is kept once."""
     keys = ["model", "workload", "slo_scale", "seed"]
     out = []
     for _, g in good.groupby(keys, sort=False):
-        st = g[g["group"] == "PP_static"].sort_values(["goodput_rps", "chunk"], ascending=[False, True])
-        for _, row in g[g["group"] != "PP_static"].iterrows():
+        own = g[g["group"] != "PP_static"]
+        st = g[g["group"] == "PP_static"]
+        for _, row in own.iterrows():
+            out.append({**row.to_dict(), "best_chunk": row["chunk"]})
+        for _, row in st[~st["scheme"].isin(set(own["scheme"]))].iterrows():
             out.append({**row.to_dict(), "best_chunk": row["chunk"]})
         if len(st):
-            best = st.iloc[0].to_dict()
+            best = st.sort_values(["goodput_rps", "chunk"], ascending=[False, True]).iloc[0].to_dict()
             out.append({**best, "scheme": "PP_static", "best_chunk": best["chunk"]})
     return pd.DataFrame(out)
 

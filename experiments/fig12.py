@@ -21,8 +21,10 @@ SCALES = (1.0, 0.8, 0.6, 0.4, 0.2)
 def compute(ctx: Context) -> dict[str, pd.DataFrame]:
     scales = (1.0, 0.6, 0.2) if ctx.quick else SCALES
     models = MODELS[:1] if ctx.quick else MODELS
-    # only the goodput is plotted: climb the rates and stop at the first failure per search
-    _, good = goodput_study(ctx, models, WORKLOADS, SCHEMES, slo_scales=scales, desc="fig12", full_sweep=False)
+    # Only the goodput is plotted: climb the rates and stop at the first failure per search, and
+    # do not extend past the sweep's range (a goodput at its top is flagged not_bracketed).
+    _, good = goodput_study(ctx, models, WORKLOADS, SCHEMES, slo_scales=scales, desc="fig12", full_sweep=False,
+                            extend=False)
     df = aggregate_goodput(best_static(good), ["model", "workload", "scheme", "slo_scale"])
     df = df[["model", "workload", "scheme", "slo_scale", "goodput_rps", "goodput_ci_lo", "goodput_ci_hi",
              "num_seeds", "flag"]]

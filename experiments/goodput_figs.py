@@ -39,7 +39,7 @@ def plot(ctx: Context, exp_id: str, schemes) -> None:
         g = good[(good["model"] == model) & (good["workload"] == wl)]
         best = g.set_index("scheme")["best_chunk"].to_dict()
         shown = []
-        for scheme in g["scheme"]:
+        for scheme in [s for s in g["scheme"] if s in schemes]:
             name = f"PP_{int(float(best[scheme]))}" if scheme == "PP_static" else scheme
             s = sub[sub["scheme"] == name]
             if len(s):
@@ -54,6 +54,7 @@ def plot(ctx: Context, exp_id: str, schemes) -> None:
             ax.set_title(f"{model}, {wl}")
         axes[i, 0].legend(fontsize=7)
         ax = axes[i, 2]
+        g = g[g["scheme"].isin(schemes) | g["scheme"].str.fullmatch(r"PP_\d+")]
         ax.bar(g["scheme"], g["goodput_rps"], yerr=[g["goodput_rps"] - g["goodput_ci_lo"],
                                                      g["goodput_ci_hi"] - g["goodput_rps"]], capsize=3)
         ax.set_ylabel("goodput (req/s)")

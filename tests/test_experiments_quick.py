@@ -63,7 +63,7 @@ def test_outputs_have_the_documented_columns(quick_results, name):
 
 def test_identifiers(quick_results):
     good = pd.read_csv(quick_results / "fig9_goodput.csv")
-    assert set(good["scheme"]) == {"TP", "PP_2048", "PP_static", "DCP_greedy", "DCP_pred", "DCP_pred+DS"}
+    assert set(good["scheme"]) == {"TP", "PP_static", "DCP_greedy", "DCP_pred", "DCP_pred+DS"} | {f"PP_{c}" for c in (128, 256, 512, 1024, 2048)}
     assert set(good["workload"]) == {"azure-conv", "sharegpt", "cnn", "cnn-reversed"}
     assert set(pd.read_csv(quick_results / "fig10_goodput.csv")["model"]) == {"qwen2.5-14b"}
     t1 = pd.read_csv(quick_results / "table1.csv")
