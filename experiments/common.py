@@ -70,7 +70,7 @@ def sweep_workload(ctx: Context, name: str) -> tuple[dict, list[float]]:
 
 
 def goodput_study(ctx: Context, models, workloads, schemes, slo_scales=(1.0,), desc="goodput", full_sweep=True,
-                  extend: bool = True):
+                  extend: bool = True, stop_early: bool = False):
     """Goodput searches for every (model, workload, scheme, slo scale, seed). `PP_static`
     expands to every static chunk; its best chunk is picked afterwards.
 
@@ -87,6 +87,9 @@ def goodput_study(ctx: Context, models, workloads, schemes, slo_scales=(1.0,), d
                             static = sch == "TP" or sch.startswith("PP_")
                             # static schemes do not read the SLO: share their runs across scales
                             table = scheme_table(sch, model, wtable, seed=seed, slo_scale=1.0 if static else scale)
+                            if stop_early:  # pass/fail is all a goodput-only figure needs
+                                table["slo"].update(ttft_ms=2000.0 * scale, tpot_ms=200.0 * scale,
+                                                    stop_when_violated=True)
                             chunk = table["scheduler"]["chunk_size_tokens"] if static else "dynamic"
                             label = {"model": model, "workload": wl, "scheme": sch, "group": scheme,
                                      "chunk": chunk, "slo_scale": scale, "seed": seed}

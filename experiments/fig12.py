@@ -23,8 +23,9 @@ def compute(ctx: Context) -> dict[str, pd.DataFrame]:
     models = MODELS[:1] if ctx.quick else MODELS
     # Only the goodput is plotted: climb the rates and stop at the first failure per search, and
     # do not extend past the sweep's range (a goodput at its top is flagged not_bracketed).
+    # Runs stop as soon as their P90 is certain to miss the SLO (status "stopped").
     _, good = goodput_study(ctx, models, WORKLOADS, SCHEMES, slo_scales=scales, desc="fig12", full_sweep=False,
-                            extend=False)
+                            extend=False, stop_early=True)
     df = aggregate_goodput(best_static(good), ["model", "workload", "scheme", "slo_scale"])
     df = df[["model", "workload", "scheme", "slo_scale", "goodput_rps", "goodput_ci_lo", "goodput_ci_hi",
              "num_seeds", "flag"]]

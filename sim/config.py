@@ -100,8 +100,12 @@ class LatencyConfig:
 
 @dataclass(frozen=True)
 class SLOConfig:
+    """The SLOs. `stop_when_violated`: end the run (status "stopped") as soon as P90 TTFT or P90
+    TPOT is certain to miss its SLO, for goodput searches that only need pass or fail."""
+
     ttft_ms: float = 2000.0
     tpot_ms: float = 200.0
+    stop_when_violated: bool = False
 
     def validate(self, where: str) -> None:
         if self.ttft_ms <= 0 or self.tpot_ms <= 0:

@@ -129,3 +129,36 @@ def test_lazy_sweep_finds_the_same_goodput_with_fewer_runs(threshold):
                                full_sweep=False)
     assert full["goodput_rps"] == lazy["goodput_rps"]
     assert len(lazy_runner.cache) <= len(full_runner.cache)
+
+
+def test_stop_when_violated_ends_overloaded_runs_early_without_changing_the_verdict():
+    from sim.config import config_from_table
+    from sim.engine.run import run
+    from sim.metrics import summarize
+
+    base = small_table(200.0)
+    base["workload"]["num_requests"] = 300
+    base["slo"] = {"ttft_ms": 200.0, "tpot_ms": 30.0}
+    full = summarize(run(config_from_table(base)))
+    base["slo"]["stop_when_violated"] = True
+    res = run(config_from_table(base))
+    early = summarize(res)
+    assert not full["meets_p90_slo"] and not early["meets_p90_slo"]
+    assert res.status == "stopped" and "certain to exceed" in res.reason
+    assert early["num_iterations"] < full["num_iterations"]
+    # a passing point is not stopped
+    ok = small_table(1.0)
+    ok["slo"] = {"ttft_ms": 2000.0, "tpot_ms": 200.0, "stop_when_violated": True}
+    assert run(config_from_table(ok)).status == "ok"
+
+
+def test_goodput_is_the_same_with_early_stopping():
+    tables = []
+    for stop in (False, True):
+        t = small_table(1.0)
+        t["workload"]["num_requests"] = 60
+        t["slo"] = {"ttft_ms": 300.0, "tpot_ms": 40.0, "stop_when_violated": stop}
+        tables.append(t)
+    results = [goodput_searches(Runner(None, progress=False), [Search({}, t, list(range(1, 9)), 300.0, 40.0)],
+                                tol=0.1)[0]["goodput_rps"] for t in tables]
+    assert results[0] == results[1]

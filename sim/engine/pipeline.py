@@ -59,10 +59,51 @@ class Inbox:
         return len(self.queue)
 
 
+class SLOGuard:
+    """Trips when P90 TTFT or P90 TPOT over the whole run is certain to exceed its SLO.
+
+    A request certainly misses its TTFT once it has waited longer than the SLO without a first
+    token, and its TPOT once (now - first token) / (output - 1) exceeds the SLO (TPOT only
+    grows while it decodes). numpy's P90 of n values exceeds x once at least
+    n - floor(0.9 (n - 1)) of them do."""
+
+    CHECK_EVERY = 128
+
+    def __init__(self, requests: list[Req], ttft_s: float, tpot_s: float) -> None:
+        self.requests = requests
+        self.ttft_s = ttft_s
+        self.tpot_s = tpot_s
+        self.reason = ""
+        n = len(requests)
+        m = sum(1 for r in requests if r.max_new > 1)
+        self.need_ttft = n - int(0.9 * (n - 1)) if n else 1
+        self.need_tpot = m - int(0.9 * (m - 1)) if m else 1
+
+    def check(self, now: float) -> bool:
+        if self.reason:
+            return True
+        bad_ttft = bad_tpot = 0
+        for r in self.requests:
+            if r.arrival_s > now:
+                break
+            first = r.first_token_s
+            if (now if first is None else first) - r.arrival_s > self.ttft_s:
+                bad_ttft += 1
+            if first is not None and r.max_new > 1:
+                end = r.finish_s if r.finish_s is not None else now
+                if (end - first) / (r.max_new - 1) > self.tpot_s:
+                    bad_tpot += 1
+        if bad_ttft >= self.need_ttft:
+            self.reason = f"stopped at t={now:.2f}s: P90 TTFT is certain to exceed the SLO ({bad_ttft} requests over it)"
+        elif bad_tpot >= self.need_tpot:
+            self.reason = f"stopped at t={now:.2f}s: P90 TPOT is certain to exceed the SLO ({bad_tpot} requests over it)"
+        return bool(self.reason)
+
+
 class Pipeline:
     def __init__(self, env: simpy.Environment, sched: Scheduler, latency, chunk_policy,
                  requests: list[Req] | Inbox, horizon_s: float = 0.0, rebalancer=None,
-                 slo_tpot_s: float = 0.2) -> None:
+                 slo_tpot_s: float = 0.2, guard: SLOGuard | None = None) -> None:
         self.env = env
         self.sched = sched
         self.latency = latency
@@ -81,6 +122,7 @@ class Pipeline:
         self.start_s = self.inbox.queue[0].arrival_s if self.inbox.queue else 0.0
         self.step = 0
         self._observe = getattr(chunk_policy, "observe", None)
+        self.guard = guard
         self.iters: dict[str, list] = {c: [] for c in ITER_COLUMNS}
         self.stage_busy: list[tuple[float, ...]] = []
         self.kv_peak = 0
@@ -115,6 +157,9 @@ class Pipeline:
         while True:
             now = env.now
             if horizon and now >= horizon:
+                break
+            if self.guard is not None and (self.guard.reason or (k % SLOGuard.CHECK_EVERY == 0 and self.guard.check(now))):
+                self.status, self.reason = "stopped", self.guard.reason
                 break
             while queue and queue[0].arrival_s <= now:
                 sched.add_waiting(queue.popleft())

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 import simpy
 
 from sim.config import RunConfig
-from sim.engine.pipeline import Inbox, Pipeline
+from sim.engine.pipeline import Inbox, Pipeline, SLOGuard
 from sim.engine.scheduler import Scheduler
 from sim.engine.state import Req
 from sim.errors import ConfigError
@@ -93,6 +93,7 @@ def run(cfg: RunConfig, requests: list[RequestSpec] | None = None) -> RunResult:
     reqs = [Req(r.req_id, r.arrival_s, r.prompt_tokens, r.output_tokens, max_input, max_req_len) for r in requests]
     env = simpy.Environment()
     n = cfg.parallel.replicas
+    guard = SLOGuard(reqs, cfg.slo.ttft_ms / 1e3, cfg.slo.tpot_ms / 1e3) if cfg.slo.stop_when_violated else None
     pipes = []
     for i in range(n):
         if i > 0:  # every replica runs its own controller instances
@@ -104,11 +105,12 @@ def run(cfg: RunConfig, requests: list[RequestSpec] | None = None) -> RunResult:
         sched = Scheduler(cfg.parallel.pp, kv, max_running, policy.initial_chunk())
         inbox = Inbox(env, reqs) if n == 1 else Inbox(env)
         pipes.append(Pipeline(env, sched, latency, policy, inbox, cfg.horizon_s, rebalancer=rebalancer,
-                              slo_tpot_s=context.slo_tpot_s))
+                              slo_tpot_s=context.slo_tpot_s, guard=guard))
     if n > 1:
         env.process(route(env, reqs, pipes, cfg.parallel.router))
     env.run(until=env.all_of([p.proc for p in pipes]))
-    failed = [p for p in pipes if p.status != "ok"]
+    failed = [p for p in pipes if p.status == "failed"]
+    stopped = [p for p in pipes if p.status == "stopped"]
     iters: dict = {c: [] for c in pipes[0].iters}
     iters["replica"] = []
     busy, decisions, moves = [], [], []
@@ -120,8 +122,9 @@ def run(cfg: RunConfig, requests: list[RequestSpec] | None = None) -> RunResult:
         decisions.extend(p.decisions)
         moves.extend(p.move_log)
     return RunResult(
-        config=cfg, status="failed" if failed else "ok",
-        reason="; ".join(f"replica {pipes.index(p)}: {p.reason}" if n > 1 else p.reason for p in failed),
+        config=cfg, status="failed" if failed else "stopped" if stopped else "ok",
+        reason=(guard.reason if stopped and not failed else
+                "; ".join(f"replica {pipes.index(p)}: {p.reason}" if n > 1 else p.reason for p in failed)),
         requests=reqs, iterations=iters, stage_busy=busy, decisions=decisions, moves=moves,
         kv_capacity_tokens=kv, kv_peak_tokens=max(p.kv_peak for p in pipes), max_running_requests=max_running,
         end_s=env.now, iteration_overhead_s=latency.iteration_overhead_s,
