@@ -60,4 +60,5 @@ def plot(ctx: Context, exp_id: str, schemes) -> None:
         ax.set_ylabel("goodput (req/s)")
         ax.set_title(f"goodput, {wl}")
         ax.tick_params(axis="x", rotation=30, labelsize=7)
+    fig.tight_layout()
     savefig(fig, ctx.out_dir / f"{exp_id}.png")
