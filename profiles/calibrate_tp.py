@@ -14,6 +14,7 @@ Run: PIPESIM_CACHE=../shared/data/azure-llm-inference-2023 python profiles/calib
 from __future__ import annotations
 
 import argparse
+import math
 import re
 import shutil
 import subprocess
@@ -27,7 +28,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from sim.sweep import Runner, meets_slo  # noqa: E402
+from sim.sweep import Runner, Search, goodput_searches  # noqa: E402
 
 PROFILE = REPO / "profiles" / "a100-pcie-40gb" / "qwen2.5-32b" / "tp4"
 BANDS = [6.0, 9.0, 12.0, 16.0, 23.7]
@@ -52,16 +53,6 @@ def table(profile: Path, rate: float, seed: int, n: int) -> dict:
             "workload": {"name": "azure-conv", "num_requests": n, "rate_rps": rate}}
 
 
-def goodput(results: list[dict], rates: list[float]) -> float:
-    """Highest rate below the first failing one (decisions.md), 0 if the lowest fails."""
-    best = 0.0
-    for r, res in zip(rates, results):
-        if not meets_slo(res, 2000.0, 200.0):
-            break
-        best = r
-    return best
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--jobs", type=int, default=2)
@@ -76,12 +67,12 @@ def main(argv=None) -> int:
         tmp = Path(tmp)
 
         def band_goodput(bw: float) -> float:
+            """Mean over seeds of the highest grid rate below the first failing one: the shared
+            goodput search with no bisection (tol = inf) and no extension past the grid."""
             prof = profile_copy(tmp, bw)
-            per_seed = []
-            for seed in seeds:
-                res = runner.run([table(prof, r, seed, 400) for r in RATES], desc=f"busBW {bw} seed {seed}")
-                per_seed.append(goodput(res, RATES))
-            return float(np.mean(per_seed))
+            searches = [Search({}, table(prof, RATES[0], seed, 400), RATES) for seed in seeds]
+            found = goodput_searches(runner, searches, tol=math.inf, max_rate=max(RATES), desc=f"busBW {bw}")
+            return float(np.mean([f["goodput_rps"] for f in found]))
 
         good = {bw: band_goodput(bw) for bw in BANDS}
         for bw, g in good.items():

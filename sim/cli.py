@@ -61,7 +61,7 @@ def _jsonable(obj):
 
 
 def cmd_run(args) -> int:
-    from sim import tomlout
+    from sim import tomlio
     from sim.config import load_config
     from sim.engine.run import run
     from sim.metrics import iterations_frame, requests_frame, summarize
@@ -75,7 +75,7 @@ def cmd_run(args) -> int:
     out.mkdir(parents=True, exist_ok=True)
     req_df.to_csv(out / "requests.csv", index=False)
     it_df.to_csv(out / "iterations.csv", index=False)
-    (out / "config.toml").write_text(tomlout.dumps(cfg.to_dict()))
+    (out / "config.toml").write_text(tomlio.dumps(cfg.to_dict()))
     (out / "summary.json").write_text(json.dumps(_jsonable(summary), indent=2, sort_keys=True) + "\n")
     import pandas as pd
 

@@ -229,13 +229,11 @@ def config_from_table(table: Mapping[str, Any], where: str = "config") -> RunCon
 
 
 def load_config(path: str | Path, overrides: list[str] | None = None) -> RunConfig:
-    path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"{path}: config file not found")
-    try:
-        with path.open("rb") as fh:
-            table = tomllib.load(fh)
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{path}: invalid TOML: {exc}") from None
-    table = apply_overrides(table, overrides or [])
-    return config_from_table(table, str(path))
+    return config_from_table(load_table(path, overrides), str(path))
+
+
+def load_table(path: str | Path, overrides: list[str] | None = None) -> dict[str, Any]:
+    """The config file's table with `--set` overrides applied (not yet validated)."""
+    from sim.tomlio import read_toml
+
+    return apply_overrides(read_toml(path, ConfigError, "config file not found"), overrides or [])

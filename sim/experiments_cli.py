@@ -79,7 +79,7 @@ Goodput = the highest rate at which P90 TTFT and P90 TPOT meet the config's [slo
 def cmd_goodput(args) -> int:
     import pandas as pd
 
-    from sim.config import apply_overrides, config_from_table, load_config
+    from sim.config import config_from_table, load_table
     from sim.sweep import Runner, Search, goodput_searches, mean_ci, per_rate_rows
 
     try:
@@ -88,11 +88,8 @@ def cmd_goodput(args) -> int:
         raise ConfigError(f"--rates {args.rates!r}: expected LO:HI integers, e.g. 1:10") from None
     if not 0 < lo <= hi:
         raise ConfigError(f"--rates {args.rates!r}: need 0 < LO <= HI")
-    cfg = load_config(args.config, args.set)  # validates the config and the overrides
-    import tomllib
-
-    base = apply_overrides(tomllib.loads(Path(args.config).read_text()), args.set)
-    config_from_table(base, args.config)
+    base = load_table(args.config, args.set)
+    cfg = config_from_table(base, args.config)  # validates the config and the overrides
     out = Path(args.out) if args.out else None
     runner = Runner(out / "cache.jsonl" if out else None, jobs=args.jobs, executor=args.executor,
                     address=args.address, progress=not args.no_progress)

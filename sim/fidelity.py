@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import argparse
 import math
-import tomllib
 from pathlib import Path
 
 import pandas as pd
 
 from sim.config import REPO_ROOT
 from sim.errors import DataError
+from sim.tomlio import read_toml
 
 TARGETS = REPO_ROOT / "profiles" / "calibration_targets.toml"
 NOTES = REPO_ROOT / "experiments" / "fidelity_notes.toml"
@@ -30,12 +30,7 @@ EPILOG = """examples:
 
 
 def _load_toml(path: Path) -> dict:
-    if not path.is_file():
-        raise DataError(f"{path}: missing")
-    try:
-        return tomllib.loads(path.read_text())
-    except tomllib.TOMLDecodeError as exc:
-        raise DataError(f"{path}: invalid TOML: {exc}") from None
+    return read_toml(path, DataError, "missing")
 
 
 def _csv(results: Path, name: str) -> pd.DataFrame | None:
@@ -54,24 +49,18 @@ def collect(results: Path) -> list[dict]:
         rows.append({"group": group, "target": name, "published": published, "simulated": simulated,
                      "ratio": ratio, "detail": detail})
 
-    # micro-benchmarks: the calibrated ground-truth model itself
-    from sim.latency.base import BatchStats
-    from sim.latency.profiled import Profile, ProfiledLatencyModel
+    # micro-benchmarks: the calibrated ground-truth model itself (one middle stage + overhead)
+    from sim.latency.analysis import load_model, micro_benchmarks
 
-    prof = ProfiledLatencyModel(Profile.load(REPO_ROOT / "profiles" / t["model_profile"]), int(t["pp"]))
     mb = t["micro_benchmarks"]
-    stage = 1
-
-    def total(st):
-        return prof.stage_time(st, stage).total_s + prof.iteration_overhead_s
-
     ctx = mb["decode_context"]
-    add("micro-benchmark", "129 vs 256 tokens (ratio)", mb["prefill_129_over_256"],
-        total(BatchStats.prefill(129)) / total(BatchStats.prefill(256)), "one middle stage + iteration overhead")
-    add("micro-benchmark", "decode 128 / 96 requests", mb["decode_128_over_96"],
-        total(BatchStats.decode(128, ctx)) / total(BatchStats.decode(96, ctx)), f"context {ctx}")
-    add("micro-benchmark", "decode 160 / 128 requests", mb["decode_160_over_128"],
-        total(BatchStats.decode(160, ctx)) / total(BatchStats.decode(128, ctx)), f"context {ctx}")
+    ratios = micro_benchmarks(load_model(REPO_ROOT / "profiles" / t["model_profile"], int(t["pp"])), ctx)
+    add("micro-benchmark", "129 vs 256 tokens (ratio)", mb["prefill_129_over_256"], ratios["prefill_129_over_256"],
+        "one middle stage + iteration overhead")
+    add("micro-benchmark", "decode 128 / 96 requests", mb["decode_128_over_96"], ratios["decode_128_over_96"],
+        f"context {ctx}")
+    add("micro-benchmark", "decode 160 / 128 requests", mb["decode_160_over_128"], ratios["decode_160_over_128"],
+        f"context {ctx}")
     fig3 = _csv(results, "fig3.csv")
     sim_bubble = None
     if fig3 is not None:

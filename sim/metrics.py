@@ -28,13 +28,12 @@ from sim.config import SLOConfig
 
 def requests_frame(result, slo: SLOConfig | None = None) -> pd.DataFrame:
     slo = slo or result.config.slo
-    horizon = result.config.horizon_s
     end = result.end_s
     rows = []
     for r in result.requests:
         if r.finished:
             status = "finished"
-        elif (horizon and r.arrival_s > end) or (r.admit_s is None and r.arrival_s > end):
+        elif r.arrival_s > end:
             status = "not_arrived"
         elif result.status == "failed":
             status = "failed"
@@ -74,6 +73,20 @@ def iterations_frame(result) -> pd.DataFrame:
         df[f"stage{s}_busy_ms"] = busy[:, s] * 1e3
         df[f"stage{s}_idle_ms"] = np.maximum(df["iter_ms"] - busy[:, s] * 1e3, 0.0)
     return df
+
+
+def _missing(v) -> bool:
+    return v is None or (isinstance(v, float) and math.isnan(v))
+
+
+def meets_slo(summary: dict, ttft_ms: float, tpot_ms: float) -> bool:
+    """The goodput criterion on a summary (from `summarize`, or read back from a sweep cache):
+    the run completed every request, and P90 TTFT and P90 TPOT meet the SLOs (a run without a
+    TPOT, every output one token long, meets it)."""
+    if summary.get("status") != "ok" or summary.get("num_finished") != summary.get("num_requests"):
+        return False
+    ttft, tpot = summary.get("p90_ttft_ms"), summary.get("p90_tpot_ms")
+    return not _missing(ttft) and ttft <= ttft_ms and (_missing(tpot) or tpot <= tpot_ms)
 
 
 def _pct(values: np.ndarray, q: float) -> float:
@@ -123,10 +136,7 @@ def summarize(result, req_df: pd.DataFrame | None = None, it_df: pd.DataFrame | 
     slo = result.config.slo
     out["slo_ttft_ms"] = slo.ttft_ms
     out["slo_tpot_ms"] = slo.tpot_ms
-    out["meets_p90_slo"] = bool(
-        result.status == "ok" and out["num_finished"] == out["num_requests"] and out["num_requests"] > 0
-        and out["p90_ttft_ms"] <= slo.ttft_ms and (math.isnan(out["p90_tpot_ms"]) or out["p90_tpot_ms"] <= slo.tpot_ms)
-    )
+    out["meets_p90_slo"] = meets_slo(out, slo.ttft_ms, slo.tpot_ms)
     t0 = float(arrived["arrival_s"].min()) if len(arrived) else 0.0
     duration = result.end_s - t0
     out["duration_s"] = duration

@@ -29,6 +29,7 @@ import numpy as np
 from scipy import stats as sstats
 
 from sim.errors import ConfigError
+from sim.metrics import meets_slo  # noqa: F401  (re-exported: the goodput criterion)
 
 SUMMARY_FIELDS = (
     "status", "reason", "num_requests", "num_finished", "mean_ttft_ms", "p50_ttft_ms", "p90_ttft_ms",
@@ -60,14 +61,6 @@ def evaluate(table: dict) -> dict:
         elif hasattr(v, "item"):
             out[k] = v.item()
     return out
-
-
-def meets_slo(summary: dict, ttft_ms: float, tpot_ms: float) -> bool:
-    """Goodput criterion: the run completed and P90 TTFT and P90 TPOT meet the SLOs."""
-    if summary.get("status") != "ok" or summary.get("num_finished") != summary.get("num_requests"):
-        return False
-    ttft, tpot = summary.get("p90_ttft_ms"), summary.get("p90_tpot_ms")
-    return ttft is not None and ttft <= ttft_ms and (tpot is None or tpot <= tpot_ms)
 
 
 class Runner:
@@ -232,30 +225,30 @@ def goodput_searches(runner: Runner, searches: list[Search], tol: float = 0.05, 
         if not open_:
             break
         nxt = [min(max_rate, float(max(math.ceil(max(s.results) * 1.5), max(s.results) + 1))) for s in open_]
-        res = runner.run([with_rate(s.table, r) for s, r in zip(open_, nxt)], desc=f"{desc}: extend")
-        for s, r, out in zip(open_, nxt, res):
-            s.results[r] = out
-            if meets_slo(out, s.ttft_ms, s.tpot_ms):
-                s.lo = r
-            else:
-                s.hi = r
-                s.flag = "extended beyond the sweep range"
+        _probe(runner, list(zip(open_, nxt)), f"{desc}: extend", fail_flag="extended beyond the sweep range")
     while True:
         active = [s for s in searches if s.hi - s.lo > tol + 1e-9 and math.isfinite(s.hi)]
         if not active:
             break
-        mids = [round((s.lo + s.hi) / 2, 6) for s in active]
-        res = runner.run([with_rate(s.table, m) for s, m in zip(active, mids)], desc=f"{desc}: bisect")
-        for s, m, r in zip(active, mids, res):
-            s.results[m] = r
-            if meets_slo(r, s.ttft_ms, s.tpot_ms):
-                s.lo = m
-            else:
-                s.hi = m
+        _probe(runner, [(s, round((s.lo + s.hi) / 2, 6)) for s in active], f"{desc}: bisect")
     out = []
     for s in searches:
         out.append({**s.label, "goodput_rps": round(s.lo, 4), "flag": s.flag})
     return out
+
+
+def _probe(runner: Runner, probes: list[tuple[Search, float]], desc: str, fail_flag: str = "") -> None:
+    """Run one rate per search in one parallel batch; a pass raises the search's lower bound,
+    a failure lowers its upper bound (and sets `fail_flag`, if given)."""
+    res = runner.run([with_rate(s.table, r) for s, r in probes], desc=desc)
+    for (s, r), out in zip(probes, res):
+        s.results[r] = out
+        if meets_slo(out, s.ttft_ms, s.tpot_ms):
+            s.lo = r
+        else:
+            s.hi = r
+            if fail_flag:
+                s.flag = fail_flag
 
 
 def _bracket(s: Search) -> None:

@@ -162,3 +162,13 @@ def test_goodput_is_the_same_with_early_stopping():
     results = [goodput_searches(Runner(None, progress=False), [Search({}, t, list(range(1, 9)), 300.0, 40.0)],
                                 tol=0.1)[0]["goodput_rps"] for t in tables]
     assert results[0] == results[1]
+
+
+def test_grid_only_search_is_the_highest_rate_below_the_first_failure():
+    """tol = inf and no extension: what profiles/calibrate_tp.py uses on its fine rate grid."""
+    rates = [round(2.0 + 0.1 * i, 1) for i in range(31)]
+    for threshold, expected in ((3.47, 3.4), (1.0, 0.0), (9.0, 5.0)):
+        runner = Runner(None, progress=False, evaluate_fn=fake_eval(threshold))
+        (res,) = goodput_searches(runner, [Search({}, {"workload": {}}, rates)], tol=math.inf, max_rate=max(rates))
+        assert res["goodput_rps"] == expected
+        assert len(runner.cache) == len(rates)  # no bisection, no extension

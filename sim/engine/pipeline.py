@@ -16,7 +16,7 @@ from collections import deque
 
 import simpy
 
-from sim.engine.scheduler import RunFailed, Scheduler
+from sim.engine.scheduler import INIT_NEW_TOKEN_RATIO, RunFailed, Scheduler
 from sim.engine.state import Req
 from sim.engine.view import BatchInfo, SchedulerView
 
@@ -165,7 +165,7 @@ class Pipeline:
                 sched.add_waiting(queue.popleft())
             if sched.is_idle() and not any(inflight):
                 # NOTE: the artifact's idle path resets the token-ratio estimate.
-                sched.new_token_ratio = 0.7
+                sched.new_token_ratio = INIT_NEW_TOKEN_RATIO
                 if queue:
                     wake = queue[0].arrival_s
                     if horizon and wake > horizon:
@@ -193,7 +193,7 @@ class Pipeline:
             inflight.appendleft(mb)
             if not any(inflight):
                 # NOTE: the artifact's idle path resets the token-ratio estimate.
-                sched.new_token_ratio = 0.7
+                sched.new_token_ratio = INIT_NEW_TOKEN_RATIO
                 running = any(sl.running for sl in sched.slots)
                 if not running and sched.chunked is None and (sched.waiting or sched.pending):
                     idle_turns += 1

@@ -84,24 +84,24 @@ def run(cfg: RunConfig, requests: list[RequestSpec] | None = None) -> RunResult:
     params = dict(sc.chunk_policy.params)
     if sc.chunk_policy.name == "static":
         params.setdefault("chunk_size_tokens", sc.chunk_size_tokens)
-    policy = chunk_policies.build(sc.chunk_policy.name, where="config [scheduler.chunk_policy]",
-                                  context=context, **params)
-    rebalancer = None
-    if sc.rebalancer is not None:
-        rebalancer = rebalancers.build(sc.rebalancer.name, where="config [scheduler.rebalancer]",
-                                       context=context, **dict(sc.rebalancer.params))
+
+    def build_policies():
+        """A fresh chunk controller (and rebalancer): every replica runs its own instances."""
+        policy = chunk_policies.build(sc.chunk_policy.name, where="config [scheduler.chunk_policy]",
+                                      context=context, **params)
+        rebalancer = None
+        if sc.rebalancer is not None:
+            rebalancer = rebalancers.build(sc.rebalancer.name, where="config [scheduler.rebalancer]",
+                                           context=context, **dict(sc.rebalancer.params))
+        return policy, rebalancer
+
     reqs = [Req(r.req_id, r.arrival_s, r.prompt_tokens, r.output_tokens, max_input, max_req_len) for r in requests]
     env = simpy.Environment()
     n = cfg.parallel.replicas
     guard = SLOGuard(reqs, cfg.slo.ttft_ms / 1e3, cfg.slo.tpot_ms / 1e3) if cfg.slo.stop_when_violated else None
     pipes = []
-    for i in range(n):
-        if i > 0:  # every replica runs its own controller instances
-            policy = chunk_policies.build(sc.chunk_policy.name, where="config [scheduler.chunk_policy]",
-                                          context=context, **params)
-            if sc.rebalancer is not None:
-                rebalancer = rebalancers.build(sc.rebalancer.name, where="config [scheduler.rebalancer]",
-                                               context=context, **dict(sc.rebalancer.params))
+    for _ in range(n):
+        policy, rebalancer = build_policies()
         sched = Scheduler(cfg.parallel.pp, kv, max_running, policy.initial_chunk())
         inbox = Inbox(env, reqs) if n == 1 else Inbox(env)
         pipes.append(Pipeline(env, sched, latency, policy, inbox, cfg.horizon_s, rebalancer=rebalancer,

@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import bisect
 import math
-import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -44,6 +43,7 @@ import numpy as np
 import pandas as pd
 
 from sim.errors import DataError
+from sim.tomlio import read_toml
 from sim.latency.base import BatchStats, StepTime, latency_models
 
 GIB = 1 << 30
@@ -66,7 +66,8 @@ class ModelShape:
 COMM_OPS = ("all_reduce", "send_recv")
 
 
-def _read_csv(path: Path, required: list[str]) -> pd.DataFrame:
+def read_csv_table(path: Path, required: list[str]) -> pd.DataFrame:
+    """A CSV with the `required` columns, or a one-line DataError naming the file and column."""
     if not path.is_file():
         raise DataError(f"{path}: profile table missing")
     try:
@@ -104,12 +105,7 @@ class Profile:
     def load(cls, path: str | Path) -> "Profile":
         path = Path(path)
         meta_path = path / "meta.toml"
-        if not meta_path.is_file():
-            raise DataError(f"{meta_path}: not a profile directory (meta.toml missing)")
-        try:
-            meta = tomllib.loads(meta_path.read_text())
-        except tomllib.TOMLDecodeError as exc:
-            raise DataError(f"{meta_path}: invalid TOML: {exc}") from None
+        meta = read_toml(meta_path, DataError, "not a profile directory (meta.toml missing)")
         for section in ("profile", "model", "lookup", "scaling", "overhead", "comm", "memory"):
             if section not in meta:
                 raise DataError(f"{meta_path}: missing section [{section}]")
@@ -117,7 +113,7 @@ class Profile:
         if units.get("time", "ms") != "ms":
             raise DataError(f"{meta_path}: [profile] units.time must be 'ms', got {units.get('time')!r}")
         lay_path = path / "layer_nonattn.csv"
-        lay = _read_csv(lay_path, ["num_tokens", "layer_nonattn_ms"])
+        lay = read_csv_table(lay_path, ["num_tokens", "layer_nonattn_ms"])
         grid = lay["num_tokens"].to_numpy()
         if not np.issubdtype(grid.dtype, np.integer) or len(grid) == 0 or grid[0] < 1:
             raise DataError(f"{lay_path}: column 'num_tokens' must hold integers >= 1")
@@ -127,7 +123,7 @@ class Profile:
         if np.any(~np.isfinite(ms)) or np.any(ms <= 0):
             raise DataError(f"{lay_path}: column 'layer_nonattn_ms' must hold positive numbers (ms)")
         att_path = path / "attention.csv"
-        att = _read_csv(att_path, ["component", "a_ms", "b_c", "b_c2", "b_cp", "b_ctx"]).fillna(0.0)
+        att = read_csv_table(att_path, ["component", "a_ms", "b_c", "b_c2", "b_cp", "b_ctx"]).fillna(0.0)
         for col in ("a_ms", "b_c", "b_c2", "b_cp", "b_ctx"):
             vals = pd.to_numeric(att[col], errors="coerce")
             if vals.isna().any() or (vals < 0).any():
@@ -173,7 +169,7 @@ class Profile:
 
 def load_comm_table(path: Path) -> pd.DataFrame:
     """Read and check comm.csv: op in COMM_OPS, num_workers >= 1 (int), bytes >= 1 (int), ms > 0."""
-    df = _read_csv(path, ["op", "num_workers", "bytes", "ms"])
+    df = read_csv_table(path, ["op", "num_workers", "bytes", "ms"])
     bad = sorted(set(df["op"].astype(str)) - set(COMM_OPS))
     if bad:
         raise DataError(f"{path}: column 'op' has {bad[0]!r}; allowed: {', '.join(COMM_OPS)}")

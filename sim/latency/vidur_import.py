@@ -32,6 +32,7 @@ import pandas as pd
 
 from sim.errors import DataError
 from sim.latency.profile_io import analytic_attention, fit_attention, read_model_config, write_profile
+from sim.latency.profiled import read_csv_table
 
 MLP_OPS = {"qkv_proj": "attn_pre_proj", "o_proj": "attn_post_proj", "gate_up_proj": "mlp_up_proj",
            "down_proj": "mlp_down_proj", "act": "mlp_act", "rope": "attn_rope"}
@@ -53,17 +54,6 @@ def _find(dirs: list[Path], name: str) -> Path | None:
     return hits[0] if hits else None
 
 
-def _read(path: Path, required: list[str]) -> pd.DataFrame:
-    try:
-        df = pd.read_csv(path)
-    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as exc:
-        raise DataError(f"{path}: not a readable CSV ({type(exc).__name__})") from None
-    for col in required:
-        if col not in df.columns:
-            raise DataError(f"{path}: missing column {col!r}")
-    return df
-
-
 def _numeric(df: pd.DataFrame, col: str, path: Path, positive: bool = False) -> pd.Series:
     vals = pd.to_numeric(df[col], errors="coerce")
     if vals.isna().any() or (vals < 0).any() or (positive and (vals <= 0).any()):
@@ -73,7 +63,7 @@ def _numeric(df: pd.DataFrame, col: str, path: Path, positive: bool = False) -> 
 
 def layer_table_from_mlp(path: Path, model: dict, tp: int) -> pd.DataFrame:
     cols = [f"time_stats.{op}.median" for op in (*MLP_OPS.values(), *NORM_OPS, "add")]
-    df = _read(path, ["num_tokens", "num_tensor_parallel_workers", *cols])
+    df = read_csv_table(path, ["num_tokens", "num_tensor_parallel_workers", *cols])
     tps = sorted(set(df["num_tensor_parallel_workers"].tolist()))
     df = df[df["num_tensor_parallel_workers"] == tp]
     if df.empty:
@@ -103,7 +93,7 @@ def layer_table_from_mlp(path: Path, model: dict, tp: int) -> pd.DataFrame:
 
 def attention_points(path: Path, tp: int) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(prefill points: batch, chunk, prefix, ms; decode points: batch, context, ms) at `tp`."""
-    df = _read(path, ["batch_size", "prefill_chunk_size", "kv_cache_size"])
+    df = read_csv_table(path, ["batch_size", "prefill_chunk_size", "kv_cache_size"])
     if "kind" in df.columns:                                  # transcribed excerpt
         for c in ("tp", "time_ms"):
             if c not in df.columns:
@@ -139,7 +129,7 @@ def comm_from_vidur(ar_path: Path | None, sr_path: Path | None) -> pd.DataFrame 
         if path is None:
             continue
         col = f"time_stats.{op}.median"
-        df = _read(path, [col, "num_workers", "size"])
+        df = read_csv_table(path, [col, "num_workers", "size"])
         if "devices_per_node" in df.columns:
             keep = (df["devices_per_node"] == df["num_workers"]) if op == "all_reduce" else \
                 (df["num_workers"] == 2) & (df["devices_per_node"] == 2)

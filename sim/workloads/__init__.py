@@ -6,11 +6,11 @@ run config's overrides, and calls the registered builder of its `kind`.
 
 from __future__ import annotations
 
-import tomllib
 from pathlib import Path
 from typing import Any, Mapping
 
 from sim.errors import ConfigError
+from sim.tomlio import read_toml
 from sim.workloads.base import (  # noqa: F401  (re-exported)
     WORKLOADS_DIR,
     RequestSpec,
@@ -41,11 +41,7 @@ def load_workload_file(name: str) -> dict[str, Any]:
         raise ConfigError(
             f"workload {name!r} not found in {WORKLOADS_DIR}; allowed: {', '.join(available_workloads())}"
         )
-    try:
-        with path.open("rb") as fh:
-            table = tomllib.load(fh)
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{path}: invalid TOML: {exc}") from None
+    table = read_toml(path, ConfigError)
     table.setdefault("name", name)
     return table
 

@@ -1,10 +1,26 @@
-"""A minimal TOML writer for resolved configs (tables, arrays, strings, numbers, booleans)."""
+"""TOML in and out: reading a file with one-line errors, and a minimal writer for resolved
+configs and profile metadata (tables, arrays, strings, numbers, booleans)."""
 
 from __future__ import annotations
 
 import json
 import math
+import tomllib
+from pathlib import Path
 from typing import Any, Mapping
+
+from sim.errors import PipeSimError
+
+
+def read_toml(path: str | Path, error: type[PipeSimError], missing: str = "not found") -> dict[str, Any]:
+    """Parse `path`; a missing file or invalid TOML raises `error` with one line naming the file."""
+    path = Path(path)
+    if not path.is_file():
+        raise error(f"{path}: {missing}")
+    try:
+        return tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as exc:
+        raise error(f"{path}: invalid TOML: {exc}") from None
 
 
 def _value(v: Any) -> str:
