@@ -65,6 +65,8 @@ BAD = [
     (["--set", "latency.kind=\"magic\""], "kind must be one of"),
     (["--set", "workload.name=\"no-such-workload\""], "workload 'no-such-workload' not found"),
     (["--set", "latency.profile=\"profiles/none\""], "meta.toml missing"),
+    (["--set", "slo.ttft_ms=-100"], "ttft_ms and tpot_ms must be > 0"),
+    (["--set", "slo.tpot_ms=0"], "ttft_ms and tpot_ms must be > 0"),
 ]
 
 
@@ -102,3 +104,34 @@ def test_every_subcommand_help_lists_examples(command, capsys):
 
 def test_unknown_command_exits_2(capsys):
     assert main(["frobnicate"]) == 2
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["reproduce", "fig99"], "unknown experiment 'fig99'"),
+    (["plan", "--slo-ttft-ms", "-5", "--no-progress"], "must be positive"),
+    (["goodput", str(REPO / "experiments/configs/default.toml"), "--rates", "0:3"], "need 0 < LO <= HI"),
+])
+def test_bad_command_arguments_are_one_line_and_exit_2(tmp_path, capsys, argv, needle):
+    code = main([*argv, "--out", str(tmp_path)] if argv[0] != "goodput" else argv)
+    err = capsys.readouterr().err
+    assert code == 2 and len(err.strip().splitlines()) == 1 and needle in err, err
+
+
+def test_unknown_scheme_names_the_allowed_ones():
+    from sim.errors import ConfigError
+    from sim.schemes import scheme_table
+
+    with pytest.raises(ConfigError, match="unknown scheme 'DCP_magic'; allowed: TP, PP_<c>"):
+        scheme_table("DCP_magic", "qwen2.5-32b", {"name": "sharegpt"})
+
+
+def test_malformed_user_trace_in_a_run_is_one_line_and_exit_2(tmp_path, capsys):
+    trace = tmp_path / "mine.csv"
+    trace.write_text("t,in,out\n0.0,100,20\n0.5,-3,20\n")
+    wl = tmp_path / "mine.toml"
+    wl.write_text(f'kind = "trace"\nfile = "{trace}"\ncolumns = {{arrival = "t", prompt = "in", output = "out"}}\n'
+                  'arrival_format = "seconds"\narrivals = "timestamps"\n')
+    code = main(["run", str(REPO / "experiments/configs/default.toml"), "--set", f'workload.name="{wl}"',
+                 "--out", str(tmp_path / "o")])
+    err = capsys.readouterr().err
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "mine.csv" in err and "line 3" in err, err
