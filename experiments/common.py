@@ -70,7 +70,7 @@ def sweep_workload(ctx: Context, name: str) -> tuple[dict, list[float]]:
 
 
 def goodput_study(ctx: Context, models, workloads, schemes, slo_scales=(1.0,), desc="goodput", full_sweep=True,
-                  extend: bool = True, stop_early: bool = False):
+                  extend: bool = True, stop_early: bool = False, extra: dict | None = None):
     """Goodput searches for every (model, workload, scheme, slo scale, seed). `PP_static`
     expands to every static chunk; its best chunk is picked afterwards.
 
@@ -86,7 +86,8 @@ def goodput_study(ctx: Context, models, workloads, schemes, slo_scales=(1.0,), d
                         for seed in ctx.seeds:
                             static = sch == "TP" or sch.startswith("PP_")
                             # static schemes do not read the SLO: share their runs across scales
-                            table = scheme_table(sch, model, wtable, seed=seed, slo_scale=1.0 if static else scale)
+                            table = scheme_table(sch, model, wtable, seed=seed, slo_scale=1.0 if static else scale,
+                                                 extra=extra)
                             if stop_early:  # pass/fail is all a goodput-only figure needs
                                 table["slo"].update(ttft_ms=2000.0 * scale, tpot_ms=200.0 * scale,
                                                     stop_when_violated=True)
@@ -102,20 +103,30 @@ def goodput_study(ctx: Context, models, workloads, schemes, slo_scales=(1.0,), d
 
 
 def best_static(good: pd.DataFrame) -> pd.DataFrame:
-    """Add a PP_static row per (model, workload, slo scale, seed): the best PP_<c> of the
-    PP_static group (ties go to the smaller chunk). Each PP_<c> row is kept once."""
-    keys = ["model", "workload", "slo_scale", "seed"]
+    """Add PP_static rows per (model, workload, slo scale): the PP_<c> of the PP_static group whose
+    goodput has the highest mean over seeds (ties to the smaller chunk), one row per seed, so the
+    seeds stay paired with the other schemes. `tied_chunks` lists every chunk whose 95% CI
+    overlaps the best one's (the best included): those are statistically indistinguishable.
+    Each PP_<c> row is kept once."""
+    from sim.sweep import mean_ci
+
+    keys = ["model", "workload", "slo_scale"]
     out = []
     for _, g in good.groupby(keys, sort=False):
         own = g[g["group"] != "PP_static"]
         st = g[g["group"] == "PP_static"]
         for _, row in own.iterrows():
-            out.append({**row.to_dict(), "best_chunk": row["chunk"]})
+            out.append({**row.to_dict(), "best_chunk": row["chunk"], "tied_chunks": ""})
         for _, row in st[~st["scheme"].isin(set(own["scheme"]))].iterrows():
-            out.append({**row.to_dict(), "best_chunk": row["chunk"]})
+            out.append({**row.to_dict(), "best_chunk": row["chunk"], "tied_chunks": ""})
         if len(st):
-            best = st.sort_values(["goodput_rps", "chunk"], ascending=[False, True]).iloc[0].to_dict()
-            out.append({**best, "scheme": "PP_static", "best_chunk": best["chunk"]})
+            cis = {int(c): mean_ci(x["goodput_rps"].tolist()) for c, x in st.groupby("chunk")}
+            best = max(sorted(cis), key=lambda c: cis[c][0])
+            lo_best, hi_best = cis[best][1], cis[best][2]
+            tied = [c for c in sorted(cis) if c == best or (cis[c][2] >= lo_best and cis[c][1] <= hi_best)]
+            for _, row in st[st["chunk"] == best].iterrows():
+                out.append({**row.to_dict(), "scheme": "PP_static", "best_chunk": best,
+                            "tied_chunks": " ".join(str(c) for c in tied)})
     return pd.DataFrame(out)
 
 
@@ -126,9 +137,11 @@ def aggregate_goodput(good: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
     rows = []
     for k, g in good.groupby(keys, sort=False):
         m, lo, hi = mean_ci(g["goodput_rps"].tolist())
+        tied = g["tied_chunks"].dropna().astype(str) if "tied_chunks" in g else pd.Series(dtype=str)
         rows.append({**dict(zip(keys, k if isinstance(k, tuple) else (k,))), "goodput_rps": m,
                      "goodput_ci_lo": lo, "goodput_ci_hi": hi, "num_seeds": len(g),
                      "best_chunk": g["best_chunk"].mode().iloc[0] if "best_chunk" in g else None,
+                     "tied_chunks": tied.iloc[0] if len(tied) else "",
                      "flag": ";".join(sorted(set(f for f in g["flag"] if isinstance(f, str) and f)))})
     return pd.DataFrame(rows)
 

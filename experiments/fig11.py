@@ -1,7 +1,8 @@
 """fig11: CDF of per-iteration latency, PP_static vs DCP_greedy vs DCP_pred vs DCP_pred+DS
 (Qwen2.5-32B; azure-conv at 4 req/s, cnn at 5, cnn-reversed at 8).
 
-"Iteration" = one lock-step scheduler step (busy iterations only). PP_static uses the best
+"Iteration" = one lock-step scheduler step (busy iterations only). Each case runs on every seed of
+the context (paired across schemes); fig11.csv holds seed means with 95% CIs, the CDF is seed 1's. PP_static uses the best
 static chunk that fig9's goodput search found for the workload (from fig9_goodput.csv in the
 same results folder; if absent, the search is run here)."""
 
@@ -16,7 +17,7 @@ import pandas as pd  # noqa: E402
 from experiments.common import Context, aggregate_goodput, best_static, goodput_study, savefig  # noqa: E402
 from experiments.runs import QUANTILES, distribution_runner  # noqa: E402
 from sim.schemes import scheme_table  # noqa: E402
-from sim.sweep import with_rate  # noqa: E402
+from sim.sweep import mean_ci, with_rate  # noqa: E402
 
 MODEL = "qwen2.5-32b"
 CASES = (("azure-conv", 4.0, 400), ("cnn", 5.0, 1000), ("cnn-reversed", 8.0, 1000))
@@ -46,18 +47,30 @@ def compute(ctx: Context) -> dict[str, pd.DataFrame]:
         n = min(n, 150) if ctx.quick else n
         for scheme in SCHEMES:
             name = f"PP_{chunks[wl]}" if scheme == "PP_static" else scheme
-            tables.append(with_rate(scheme_table(name, MODEL, {"name": wl, "num_requests": n}), rate))
-            labels.append({"model": MODEL, "workload": wl, "scheme": scheme,
-                           "chunk": chunks[wl] if scheme == "PP_static" else "dynamic", "rate_rps": rate})
+            for seed in ctx.seeds:  # paired: every scheme sees the same arrivals and noise per seed
+                tables.append(with_rate(scheme_table(name, MODEL, {"name": wl, "num_requests": n}, seed=seed), rate))
+                labels.append({"model": MODEL, "workload": wl, "scheme": scheme, "seed": seed,
+                               "chunk": chunks[wl] if scheme == "PP_static" else "dynamic", "rate_rps": rate})
     res = runner.run(tables, desc="fig11")
-    rows, cdf = [], []
+    per_seed, cdf = [], []
     for lab, r in zip(labels, res):
-        rows.append({**lab, "p50_iter_ms": r["p50_iter_ms"], "p90_iter_ms": r["p90_iter_ms"],
-                     "p99_iter_ms": r["p99_iter_ms"], "mean_iter_ms": r["mean_iter_ms"],
-                     "num_iterations": r["num_iterations"], "status": r["status"],
-                     "p90_ttft_ms": r["p90_ttft_ms"], "p90_tpot_ms": r["p90_tpot_ms"]})
-        for q, v in zip(QUANTILES, r["iter_ms_q"]):
-            cdf.append({**lab, "quantile": q / 100, "iter_ms": v})
+        per_seed.append({**lab, **{k: r[k] for k in ("p50_iter_ms", "p90_iter_ms", "p99_iter_ms", "mean_iter_ms",
+                                                        "num_iterations", "status", "p90_ttft_ms", "p90_tpot_ms")}})
+        if lab["seed"] == ctx.seeds[0]:
+            for q, v in zip(QUANTILES, r["iter_ms_q"]):
+                cdf.append({**lab, "quantile": q / 100, "iter_ms": v})
+    rows = []
+    for (wl, scheme), g in pd.DataFrame(per_seed).groupby(["workload", "scheme"], sort=False):
+        row = {k: g.iloc[0][k] for k in ("model", "workload", "scheme", "chunk", "rate_rps")}
+        for col in ("p50_iter_ms", "p90_iter_ms", "p99_iter_ms", "mean_iter_ms", "p90_ttft_ms", "p90_tpot_ms"):
+            m, lo, hi = mean_ci(g[col].astype(float).tolist())
+            row[col] = m
+            if col in ("p90_iter_ms", "p99_iter_ms"):
+                row[f"{col}_ci_lo"], row[f"{col}_ci_hi"] = lo, hi
+        row["num_iterations"] = int(g["num_iterations"].mean())
+        row["status"] = ";".join(sorted(set(g["status"])))
+        row["num_seeds"] = len(g)
+        rows.append(row)
     df, cdf_df = pd.DataFrame(rows), pd.DataFrame(cdf)
     ctx.write(df, "fig11.csv")
     ctx.write(cdf_df, "fig11_cdf.csv")

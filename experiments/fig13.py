@@ -1,5 +1,6 @@
 """fig13: mean and P99 TTFT, TPOT and E2E for TP, PP_2048, DCP_greedy, DCP_pred, DCP_pred+DS on
-synthetic prefill-heavy (5 req/s) and decode-heavy (14 req/s) loads (Qwen2.5-32B)."""
+synthetic prefill-heavy (5 req/s) and decode-heavy (14 req/s) loads (Qwen2.5-32B). Every value is
+the mean over the context's paired seeds, with a 95% CI."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import pandas as pd  # noqa: E402
 
 from experiments.common import Context, savefig  # noqa: E402
 from sim.schemes import scheme_table  # noqa: E402
+from sim.sweep import mean_ci  # noqa: E402
 
 MODEL = "qwen2.5-32b"
 CASES = (("prefill-heavy", 5.0), ("decode-heavy", 14.0))
@@ -22,15 +24,22 @@ def compute(ctx: Context) -> dict[str, pd.DataFrame]:
     tables, labels = [], []
     for case, rate in CASES:
         for scheme in SCHEMES:
-            tables.append(scheme_table(scheme, MODEL, {"name": case, "rate_rps": rate, "num_requests": n}))
-            labels.append((case, scheme))
+            for seed in ctx.seeds:  # paired seeds: the same arrivals and noise for every scheme
+                tables.append(scheme_table(scheme, MODEL, {"name": case, "rate_rps": rate, "num_requests": n},
+                                           seed=seed))
+                labels.append((case, scheme, seed))
     res = ctx.runner.run(tables, desc="fig13")
-    rows = []
-    for (case, scheme), r in zip(labels, res):
+    per_seed = []
+    for (case, scheme, seed), r in zip(labels, res):
         for metric in ("ttft", "tpot", "e2e"):
             for stat in ("mean", "p99"):
-                rows.append({"case": case, "scheme": scheme, "metric": metric, "stat": stat,
-                             "value_ms": r[f"{stat}_{metric}_ms"], "status": r["status"]})
+                per_seed.append({"case": case, "scheme": scheme, "metric": metric, "stat": stat, "seed": seed,
+                                 "value_ms": r[f"{stat}_{metric}_ms"], "status": r["status"]})
+    rows = []
+    for key, g in pd.DataFrame(per_seed).groupby(["case", "scheme", "metric", "stat"], sort=False):
+        m, lo, hi = mean_ci(g["value_ms"].astype(float).tolist())
+        rows.append({**dict(zip(("case", "scheme", "metric", "stat"), key)), "value_ms": m, "ci_lo_ms": lo,
+                     "ci_hi_ms": hi, "num_seeds": len(g), "status": ";".join(sorted(set(g["status"])))})
     df = pd.DataFrame(rows)
     ctx.write(df, "fig13.csv")
     return {"fig13.csv": df}

@@ -15,8 +15,8 @@ RATE_COLUMNS = ["model", "workload", "scheme", "chunk", "rate_rps", "p90_ttft_ms
                 "slo_attainment", "seed", "integer_rate", "meets_slo", "status", "p50_ttft_ms", "p99_ttft_ms",
                 "p50_tpot_ms", "p99_tpot_ms", "mean_e2e_ms", "p90_iter_ms", "throughput_rps", "num_requests",
                 "num_finished"]
-GOODPUT_COLUMNS = ["model", "workload", "scheme", "best_chunk", "goodput_rps", "goodput_ci_lo", "goodput_ci_hi",
-                   "num_seeds", "flag"]
+GOODPUT_COLUMNS = ["model", "workload", "scheme", "best_chunk", "tied_chunks", "goodput_rps", "goodput_ci_lo",
+                   "goodput_ci_hi", "num_seeds", "flag"]
 
 
 def compute(ctx: Context, exp_id: str, models, workloads, schemes) -> dict[str, pd.DataFrame]:

@@ -394,6 +394,27 @@ FIT_TARGETS = {   # reference/latency-profiles.md section 12
 }
 
 
+# The ground truth's structure and variance ([ground_truth] in meta.toml; sim/latency/profiled.py).
+# Defaults before calibration, and the documented physical range of each (calibrate.py's bounds):
+# - cpu_per_request_us: SGLang's Python scheduler walks its per-request lists every iteration
+#   (prepare, result processing, finish checks, detokenizer send): about 5-50 us per request;
+# - jitter_cv: run-to-run kernel-time variation of one stage (clocks under a 250 W cap, PCIe and
+#   memory contention): 1-8%;
+# - stall_prob / stall_mean_ms: occasional host-side stalls of an iteration (GC, scheduler
+#   hiccups, a late rank at the blocking token broadcast): 0-10% of iterations, 2-30 ms each.
+GROUND_TRUTH_DEFAULTS = {"cpu_per_request_us": 20.0, "jitter_cv": 0.03, "stall_prob": 0.02, "stall_mean_ms": 10.0}
+GROUND_TRUTH_FILE = DEFAULT_OUT / "ground_truth.toml"  # written by profiles/fit_ground_truth.py
+for _k in GROUND_TRUTH_DEFAULTS:
+    FIT_TARGETS[_k] = ("section 12 step 2 (variance and per-request CPU, the fidelity issue): Fig. 11 azure-conv "
+                       "~4 req/s PP_static chunk 512 P90 51.68 ms, P99 65.34 ms; cnn-reversed ~8 req/s PP_static "
+                       "chunk 256 P90 28.94 ms")
+
+
+def load_ground_truth(path: Path = GROUND_TRUTH_FILE) -> dict:
+    """profiles/ground_truth.toml's decode-wave fit, or {} when absent."""
+    return tomllib.loads(path.read_text()).get("decode_wave", {}) if path.is_file() else {}
+
+
 # Status of the parameters profiles/calibrate.py does not fit (PCIE profiles).
 UNFITTED_STATUS = {
     "allreduce_busbw_gbps": "default; not fitted by profiles/calibrate.py: section 12 step 3 (TP goodput) belongs "
@@ -502,6 +523,17 @@ def render_meta(hardware: str, model: str, tp: int, sources: list[str], derivati
             f"allreduce_alpha_us = {toml_num(fitted.get('allreduce_alpha_us', 60))}",
             f"allreduce_busbw_gbps = {toml_num(fitted.get('allreduce_busbw_gbps', 9))}",
         ]
+    gt_fit = {k: float(fitted.get(k, v)) for k, v in GROUND_TRUTH_DEFAULTS.items()}
+    wave = load_ground_truth()
+    out += [
+        "",
+        "[ground_truth]                        # structure and variance of the truth (profiles/FORMAT.md)",
+        f"decode_wave_fraction = {toml_num(float(wave.get('decode_wave_fraction', 0.0)))}",
+        f"sm_count = {int(wave.get('sm_count', 108))}",
+    ] + [f"{k} = {toml_num(v)}" for k, v in gt_fit.items()]
+    if wave:
+        out += [f"decode_wave_source = {toml_str(wave['source'])}",
+                f"decode_wave_achieved = {toml_str(wave['achieved'])}"]
     out += [
         "",
         "[memory]",
@@ -519,12 +551,13 @@ def render_meta(hardware: str, model: str, tp: int, sources: list[str], derivati
     else:
         values.update(allreduce_busbw_gbps=9, allreduce_alpha_us=60, p2p_bw_gbps=10, p2p_alpha_us=25)
         values.update({k: v for k, v in fitted.items() if k in values})
-    for param in ("s_mem", "s_comp", "cpu_ms", "allreduce_busbw_gbps", "allreduce_alpha_us",
+    values.update(gt_fit)
+    for param in ("s_mem", "s_comp", "cpu_ms", *GROUND_TRUTH_DEFAULTS, "allreduce_busbw_gbps", "allreduce_alpha_us",
                   "p2p_bw_gbps", "p2p_alpha_us"):
         status, target, achieved, residual = "default, not yet fitted", FIT_TARGETS[param], "", ""
         if nvswitch and param in ("s_mem", "s_comp"):
             status, target = scaling_status, "none: the base tables were measured on A100-80GB"
-        elif nvswitch and param != "cpu_ms":
+        elif nvswitch and param not in ("cpu_ms", *GROUND_TRUTH_DEFAULTS):
             f = comm["p2p" if param.startswith("p2p") else "ar"]
             status = "fitted to comm.csv (fallback only; [comm] model = \"table\")"
             target = (f"comm.csv {f['op']} num_workers {f['n']}{' (unused at tp1)' if f['unused'] else ''}, "

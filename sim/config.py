@@ -9,7 +9,7 @@ allowed). `--set a.b=value` overrides parse `value` as a TOML value.
     [parallel]  pp, tp, replicas, router = "round-robin" | "least-loaded"
     [scheduler] chunk_size_tokens, context_length_tokens, mem_fraction, kv_tokens,
                 max_running_requests, chunk_policy = {name, params}, rebalancer = {name, params}
-    [latency]   kind = "profile" | "constant", profile = "<dir>", noise_cv, stage_ms, overhead_ms
+    [latency]   kind = "profile" | "constant", profile = "<dir>", variance, noise_cv, stage_ms, overhead_ms
     [slo]       ttft_ms, tpot_ms
     [workload]  name = "<file in workloads/>" and overrides, or an inline kind (sim.workloads)
 """
@@ -83,15 +83,22 @@ class SchedulerConfig:
 class LatencyConfig:
     kind: str = "profile"
     profile: str = "profiles/a100-pcie-40gb/qwen2.5-32b/tp1"
-    noise_cv: float = 0.0
+    noise_cv: float = 0.0  # > 0: overrides the profile's stage-jitter CV
+    variance: bool = True  # the profile's run-to-run variance ([ground_truth]); false: zero-variance truth
     stage_ms: float = 10.0  # kind = "constant" only
     overhead_ms: float = 0.0  # kind = "constant" only
+    # what-if values of the profile's free parameters, e.g. {allreduce_busbw_gbps = 12.0}
+    # (keys: sim.latency.analysis.OVERRIDE_KEYS); the profile on disk is not changed
+    overrides: Mapping[str, Any] = field(default_factory=dict)
 
     def validate(self, where: str) -> None:
         if self.kind not in ("profile", "constant"):
             raise ConfigError(f"{where}: [latency] kind must be one of: profile, constant; got {self.kind!r}")
         if self.noise_cv < 0:
             raise ConfigError(f"{where}: [latency] noise_cv must be >= 0, got {self.noise_cv}")
+        for key, val in self.overrides.items():  # key names are checked against the profile when it loads
+            if key != "mode" and (isinstance(val, bool) or not isinstance(val, (int, float)) or val < 0):
+                raise ConfigError(f"{where}: [latency.overrides] {key} must be a number >= 0, got {val!r}")
 
     def profile_path(self) -> Path:
         p = Path(self.profile)

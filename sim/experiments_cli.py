@@ -29,7 +29,8 @@ def add_experiment_commands(sub) -> None:
     p.add_argument("--jobs", type=int, default=1, help="parallel simulation processes (default 1)")
     p.add_argument("--executor", default="process", help="process (default) or ray")
     p.add_argument("--address", default=None, help="Ray cluster address (with --executor ray)")
-    p.add_argument("--seeds", type=int, default=1, help="replications of each goodput search (default 1)")
+    p.add_argument("--seeds", type=int, default=None,
+                   help="paired seeds 1..N of every run and goodput search (default 3; 1 with --quick)")
     p.add_argument("--out", default=None, help="output folder (default experiments/results or results-quick)")
     p.add_argument("--plot-only", action="store_true", help="redraw the figures from existing CSVs")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
@@ -133,6 +134,8 @@ def cmd_reproduce(args) -> int:
     for i in ids:
         if i not in EXPERIMENT_IDS:
             raise ConfigError(f"unknown experiment {i!r}; allowed: {', '.join(EXPERIMENT_IDS)}, all")
+    if args.seeds is None:
+        args.seeds = 1 if args.quick else 3
     if args.seeds < 1:
         raise ConfigError(f"--seeds must be >= 1, got {args.seeds}")
     out = Path(args.out) if args.out else (REPO / "results-quick" if args.quick else RESULTS)

@@ -10,6 +10,10 @@ search the goodput (the highest rate at which P90 TTFT and P90 TPOT meet the SLO
   Poisson gaps are rescaled) brackets the goodput, then bisection refines it to `tol`
   (decisions.md). A failed run does not meet the SLO. If the outcome is not monotone in the
   rate, the highest passing rate below the first failing one is reported and flagged.
+- Sustainable, not absorbed: a rate passes only if the late arrivals (the last quarter of the
+  arrival window) meet the SLO percentiles too (`sim.metrics.meets_slo`), and a run never spans
+  a shorter arrival window than the artifact's at the top of its sweep (beyond the sweep's range
+  the number of requests grows with the rate; `Search.window_s`).
 """
 
 from __future__ import annotations
@@ -38,7 +42,7 @@ SUMMARY_FIELDS = (
     "p50_iter_ms", "p90_iter_ms", "p99_iter_ms", "mean_iter_ms", "bubble_fraction", "kv_peak_tokens",
     "kv_capacity_tokens", "num_retractions", "duration_s", "num_iterations", "num_chunk_decisions",
     "num_rebalancer_moves", "bubble_ms_per_iter", "total_bubble_s", "prefill_tokens_per_s", "output_tokens_per_s",
-    "slo_ttft_ms", "slo_tpot_ms",
+    "slo_ttft_ms", "slo_tpot_ms", "num_late_requests", "late_p90_ttft_ms", "late_p90_tpot_ms",
 )
 
 
@@ -159,9 +163,16 @@ def _progress(total: int, desc: str, enabled: bool):
     return tqdm(total=total, desc=desc, unit="run", disable=not enabled, leave=False, dynamic_ncols=True)
 
 
-def with_rate(table: dict, rate: float) -> dict:
+def with_rate(table: dict, rate: float, min_window_s: float = 0.0) -> dict:
+    """`table` at `rate`. With `min_window_s`, the number of requests grows with the rate so that
+    the arrival window never spans less than `min_window_s` (a high rate is then held long
+    enough to tell a sustained load from an absorbed burst)."""
     t = copy.deepcopy(table)
-    t.setdefault("workload", {})["rate_rps"] = float(rate)
+    wl = t.setdefault("workload", {})
+    wl["rate_rps"] = float(rate)
+    n = wl.get("num_requests")
+    if min_window_s > 0 and isinstance(n, int) and n > 0:
+        wl["num_requests"] = max(n, math.ceil(rate * min_window_s - 1e-9))
     return t
 
 
@@ -180,9 +191,23 @@ class Search:
     lo: float = 0.0
     hi: float = math.inf
     flag: str = ""
+    min_window_s: float | None = None  # None: the sweep's window at its highest rate (see `window_s`)
 
     def passes(self, rate: float) -> bool:
         return meets_slo(self.results[rate], self.ttft_ms, self.tpot_ms)
+
+    @property
+    def window_s(self) -> float:
+        """The shortest arrival window a run of this search may span: by default the artifact's own
+        window at the top of its sweep (its requests over its highest rate), so rates inside the
+        sweep run exactly the artifact's requests and rates beyond it run proportionally more."""
+        if self.min_window_s is not None:
+            return self.min_window_s
+        n = self.table.get("workload", {}).get("num_requests")
+        return n / max(self.rates) if isinstance(n, int) and n > 0 and self.rates else 0.0
+
+    def at(self, rate: float) -> dict:
+        return with_rate(self.table, rate, self.window_s)
 
 
 def goodput_searches(runner: Runner, searches: list[Search], tol: float = 0.05, desc: str = "goodput",
@@ -196,7 +221,7 @@ def goodput_searches(runner: Runner, searches: list[Search], tol: float = 0.05, 
     stops a search at its first failing rate (same goodput when the outcome is monotone, far
     fewer overloaded runs; non-monotone outcomes above the first failure go unseen)."""
     if full_sweep:
-        batch = [with_rate(s.table, r) for s in searches for r in s.rates]
+        batch = [s.at(r) for s in searches for r in s.rates]
         res = runner.run(batch, desc=f"{desc}: sweep")
         i = 0
         for s in searches:
@@ -214,7 +239,7 @@ def goodput_searches(runner: Runner, searches: list[Search], tol: float = 0.05, 
                     todo[id(s)] = rates[step:]
             if not jobs:
                 break
-            res = runner.run([with_rate(s.table, r) for s, r in jobs], desc=f"{desc}: sweep")
+            res = runner.run([s.at(r) for s, r in jobs], desc=f"{desc}: sweep")
             for (s, r), out in zip(jobs, res):
                 s.results[r] = out
     for s in searches:
@@ -240,7 +265,7 @@ def goodput_searches(runner: Runner, searches: list[Search], tol: float = 0.05, 
 def _probe(runner: Runner, probes: list[tuple[Search, float]], desc: str, fail_flag: str = "") -> None:
     """Run one rate per search in one parallel batch; a pass raises the search's lower bound,
     a failure lowers its upper bound (and sets `fail_flag`, if given)."""
-    res = runner.run([with_rate(s.table, r) for s, r in probes], desc=desc)
+    res = runner.run([s.at(r) for s, r in probes], desc=desc)
     for (s, r), out in zip(probes, res):
         s.results[r] = out
         if meets_slo(out, s.ttft_ms, s.tpot_ms):

@@ -26,12 +26,12 @@ def stage_slices(result):
     index of the iteration at which the micro-batch entered stage 0."""
     it = result.iterations
     replicas = it.get("replica", [0] * len(it["iteration"]))
-    overhead = result.iteration_overhead_s
+    host = getattr(result, "host_s", None) or []
     out = []
     first_of_replica: dict[int, int] = {}
     for row, rep in enumerate(replicas):
         first_of_replica.setdefault(rep, row)
-        start = it["start_s"][row] + overhead
+        start = it["start_s"][row] + (host[row] if row < len(host) else result.iteration_overhead_s)
         for s, busy in enumerate(result.stage_busy[row]):
             if busy <= 0:
                 continue

@@ -49,27 +49,48 @@ def test_objective_tiny_case():
     assert calibrate.objective({"a": 50.0, "b": 20.0, "c": 0.0}, TINY_TARGETS) == 0.0
 
 
+def _pt(**kw) -> tuple:
+    return calibrate._key(dict(calibrate.DEFAULTS, **kw))
+
+
 def test_ties_go_to_the_defaults():
-    cache = {(1.0, 1.0, 0.5): (0.010, {}), (1.25, 1.1, 2.0): (0.010 + 1e-7, {}), (1.3, 1.2, 4.0): (0.5, {})}
+    far, default = _pt(s_mem=1.0, s_comp=1.0, cpu_ms=1.0), _pt()
+    cache = {far: (0.010, {}), default: (0.010 + 1e-7, {}), _pt(s_mem=1.3): (0.5, {})}
     k, obj = calibrate.pick_best(cache)
-    assert k == (1.25, 1.1, 2.0)
-    cache[(1.0, 1.0, 0.5)] = (0.001, {})
-    assert calibrate.pick_best(cache)[0] == (1.0, 1.0, 0.5)
+    assert k == default
+    cache[far] = (0.001, {})
+    assert calibrate.pick_best(cache)[0] == far
 
 
 def test_search_finds_a_known_optimum_with_a_fake_simulator():
-    """A smooth fake response: the search must land on its optimum (s_mem 1.15, s_comp 1.05, cpu 1.5)."""
+    """A smooth fake response: the coordinate search must land on its optimum (points its grids reach:
+    s_mem 1.175 after two refinements, s_comp 1.0 at a bound, stall_prob 0.0667), stay inside the
+    bounds, and leave the parameters the targets ignore at the defaults."""
     targets = {"iteration": [{"name": "x", "value": 1.0, "use": "fit"}, {"name": "y", "value": 1.0, "use": "fit"},
                              {"name": "z", "value": 1.0, "use": "fit"}]}
 
     def fake(points):
-        return [{"x": 1 + (p["s_mem"] - 1.15), "y": 1 + (p["s_comp"] - 1.05), "z": 1 + (p["cpu_ms"] - 1.5) / 10}
+        return [{"x": 1 + (p["s_mem"] - 1.175), "y": 1 + (p["s_comp"] - 1.0), "z": 1 + (p["stall_prob"] - 0.0667)}
                 for p in points]
 
     res = calibrate.search(targets, [1], 1, False, "grid", log=lambda *_: None, evaluate=fake)
-    assert res["best"] == pytest.approx({"s_mem": 1.15, "s_comp": 1.05, "cpu_ms": 1.5})
+    assert res["best"] == pytest.approx(dict(calibrate.DEFAULTS, s_mem=1.175, s_comp=1.0, stall_prob=0.0667))
     assert res["objective"] == pytest.approx(0.0, abs=1e-12)
-    assert "grid search" in res["method"]
+    for k, (lo, hi) in calibrate.BOUNDS.items():
+        assert lo <= res["best"][k] <= hi
+    assert "coordinate search" in res["method"]
+
+
+def test_search_never_leaves_the_documented_ranges():
+    """A response whose optimum lies outside the ranges: the fit stops at a bound, the residual stays."""
+    targets = {"iteration": [{"name": "x", "value": 1.0, "use": "fit"}]}
+
+    def fake(points):
+        return [{"x": 1 + (p["cpu_ms"] - 4.0) / 10} for p in points]  # wants cpu_ms = 4 (range 1-3)
+
+    res = calibrate.search(targets, [1], 1, False, "grid", log=lambda *_: None, evaluate=fake)
+    assert res["best"]["cpu_ms"] == calibrate.BOUNDS["cpu_ms"][1]
+    assert res["objective"] == pytest.approx(0.01)
 
 
 def test_step1_picks_the_smaller_worst_case_error():
@@ -83,8 +104,10 @@ def test_simulate_targets_tiny_run(monkeypatch):
     """One short engine run through the calibration's simulation function (cnn-reversed, 60 requests)."""
     targets = tomllib.loads((PROFILES / "calibration_targets.toml").read_text())
     entry = dict(next(t for t in targets["iteration"] if t["workload"] == "cnn-reversed"), num_requests=60)
-    vals = calibrate.simulate_targets(targets, {"s_mem": 1.0, "s_comp": 1.0, "cpu_ms": 1.0}, [1], [entry])
-    hi = calibrate.simulate_targets(targets, {"s_mem": 1.3, "s_comp": 1.2, "cpu_ms": 3.0}, [1], [entry])
+    vals = calibrate.simulate_targets(targets, {"s_mem": 1.0, "s_comp": 1.0, "cpu_ms": 1.0, "jitter_cv": 0.01}, [1],
+                                      [entry])
+    hi = calibrate.simulate_targets(targets, {"s_mem": 1.3, "s_comp": 1.2, "cpu_ms": 3.0, "jitter_cv": 0.01}, [1],
+                                    [entry])
     assert 5 < vals[entry["name"]] < hi[entry["name"]] < 100
 
 
@@ -112,5 +135,5 @@ def test_committed_profiles_carry_the_committed_fits():
         meta = tomllib.loads(meta_path.read_text())
         assert meta["lookup"]["mode"] == fits["lookup"]["mode"]
         for f in fits["fit"]:
-            sec = {"s_mem": "scaling", "s_comp": "scaling", "cpu_ms": "overhead"}[f["param"]]
+            sec = {"s_mem": "scaling", "s_comp": "scaling", "cpu_ms": "overhead"}.get(f["param"], "ground_truth")
             assert meta[sec][f["param"]] == f["value"], (meta_path, f["param"])

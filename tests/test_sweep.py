@@ -172,3 +172,73 @@ def test_grid_only_search_is_the_highest_rate_below_the_first_failure():
         (res,) = goodput_searches(runner, [Search({}, {"workload": {}}, rates)], tol=math.inf, max_rate=max(rates))
         assert res["goodput_rps"] == expected
         assert len(runner.cache) == len(rates)  # no bisection, no extension
+
+
+# -- sustainable goodput (fidelity issue): a burst the server absorbs is not a goodput -------------------------
+
+def test_with_rate_holds_the_arrival_window():
+    from sim.sweep import with_rate
+
+    t = {"workload": {"name": "x", "num_requests": 400}}
+    assert with_rate(t, 5.0, 40.0)["workload"]["num_requests"] == 400       # 5 x 40 s = 200 < 400
+    assert with_rate(t, 16.0, 40.0)["workload"]["num_requests"] == 640      # 16 x 40 s
+    assert with_rate(t, 16.0)["workload"]["num_requests"] == 400            # no window: unchanged
+    s = Search({}, t, list(range(1, 11)))
+    assert s.window_s == pytest.approx(40.0)                                # 400 requests / 10 req/s
+    assert s.at(10.0)["workload"]["num_requests"] == 400
+    assert s.at(12.5)["workload"]["num_requests"] == 500
+
+
+def absorbing_server(capacity_rps: float):
+    """A fluid server of `capacity_rps`: above it the queue grows linearly, so a request arriving at
+    t waits (rate - capacity) t / capacity on top of 0.5 s; P90 TTFT is that of the 90th-percentile
+    arrival. It passes a short burst above its capacity and fails the same rate held longer."""
+
+    def evaluate(table):
+        wl = table["workload"]
+        rate, n = wl["rate_rps"], wl["num_requests"]
+        span = n / rate
+        grow = max(0.0, rate - capacity_rps) / capacity_rps
+
+        def ttft_ms(q):  # the arrival at quantile q of the window
+            return (0.5 + grow * q * span) * 1e3
+
+        return {"status": "ok", "num_requests": n, "num_finished": n, "p90_ttft_ms": ttft_ms(0.9),
+                "p90_tpot_ms": 100.0, "late_p90_ttft_ms": ttft_ms(0.975), "late_p90_tpot_ms": 100.0}
+
+    return evaluate
+
+
+def test_a_rate_that_passes_1000_requests_but_fails_4000_is_not_a_goodput():
+    ev = absorbing_server(27.0)
+    one_k = ev({"workload": {"rate_rps": 28.0, "num_requests": 1000}})
+    four_k = ev({"workload": {"rate_rps": 28.0, "num_requests": 4000}})
+    assert meets_slo(one_k, 2000, 200) and not meets_slo(four_k, 2000, 200)
+    # the artifact's sweep: 1000 requests at 1..7 req/s, i.e. a window of at least 1000 / 7 = 143 s
+    s = Search({}, {"workload": {"num_requests": 1000}}, list(range(1, 8)))
+    (res,) = goodput_searches(Runner(None, progress=False, evaluate_fn=ev), [s], tol=0.05)
+    assert res["goodput_rps"] < 28.0
+    assert 27.0 <= res["goodput_rps"] < 27.5  # the capacity, found with the window held
+    # without the window rule the burst would have been reported as a goodput above 28
+    s_old = Search({}, {"workload": {"num_requests": 1000}}, list(range(1, 8)), min_window_s=0.0)
+    (old,) = goodput_searches(Runner(None, progress=False, evaluate_fn=ev), [s_old], tol=0.05)
+    assert old["goodput_rps"] > 28.0
+
+
+def test_late_arrivals_must_meet_the_slo_too():
+    base = {"status": "ok", "num_requests": 100, "num_finished": 100, "p90_ttft_ms": 1500.0, "p90_tpot_ms": 150.0}
+    assert meets_slo(base, 2000, 200)  # no late figures (one request): the overall P90s decide
+    assert meets_slo({**base, "late_p90_ttft_ms": 1900.0, "late_p90_tpot_ms": 190.0}, 2000, 200)
+    assert not meets_slo({**base, "late_p90_ttft_ms": 2100.0, "late_p90_tpot_ms": 150.0}, 2000, 200)
+    assert not meets_slo({**base, "late_p90_ttft_ms": 1000.0, "late_p90_tpot_ms": 201.0}, 2000, 200)
+
+
+def test_late_window_hand_calculation():
+    import pandas as pd
+
+    from sim.metrics import late_arrivals
+
+    df = pd.DataFrame({"arrival_s": [0.0, 10.0, 70.0, 75.0, 76.0, 100.0]})
+    # window [0, 100]: the last quarter starts at 75 s
+    assert late_arrivals(df)["arrival_s"].tolist() == [75.0, 76.0, 100.0]
+    assert late_arrivals(df.iloc[:1]).empty

@@ -103,7 +103,7 @@ class SLOGuard:
 class Pipeline:
     def __init__(self, env: simpy.Environment, sched: Scheduler, latency, chunk_policy,
                  requests: list[Req] | Inbox, horizon_s: float = 0.0, rebalancer=None,
-                 slo_tpot_s: float = 0.2, guard: SLOGuard | None = None) -> None:
+                 slo_tpot_s: float = 0.2, guard: SLOGuard | None = None, noise=None) -> None:
         self.env = env
         self.sched = sched
         self.latency = latency
@@ -123,8 +123,11 @@ class Pipeline:
         self.step = 0
         self._observe = getattr(chunk_policy, "observe", None)
         self.guard = guard
+        # per-iteration variance draws (sim/latency/variance.py); None: a zero-variance truth
+        self.noise = noise
         self.iters: dict[str, list] = {c: [] for c in ITER_COLUMNS}
         self.stage_busy: list[tuple[float, ...]] = []
+        self.overhead_log: list[float] = []  # host time (CPU, broadcast, stalls) of each iteration
         self.kv_peak = 0
         # stage processes share one "go" event per iteration and count down to "done"
         self.go = env.event()
@@ -150,7 +153,9 @@ class Pipeline:
         env, sched, P = self.env, self.sched, self.P
         queue = self.inbox.queue
         inflight: deque = deque([None] * P, maxlen=P)
+        overhead_of = getattr(self.latency, "overhead_s", None)
         overhead = self.latency.iteration_overhead_s
+        noise = self.noise
         horizon = self.horizon_s
         idle_turns = 0
         k = 0
@@ -211,8 +216,16 @@ class Pipeline:
             for s in range(P):
                 m = inflight[s]
                 busy[s] = m.stage_s[s] if m is not None else 0.0
-            if overhead > 0:
-                yield env.timeout(overhead)
+            # NOTE: models without a per-batch host cost charge the constant overhead on every turn
+            host_s = overhead if overhead_of is None else overhead_of(mb.stats if mb is not None else None)
+            if noise is not None:
+                factors, stall_s = noise.next()
+                for s in range(P):
+                    busy[s] *= factors[s]
+                host_s += stall_s
+            self.overhead_log.append(host_s)
+            if host_s > 0:
+                yield env.timeout(host_s)
             self.pending = P
             self.done = env.event()
             go, self.go = self.go, env.event()

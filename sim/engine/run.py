@@ -19,7 +19,6 @@ from sim.latency.constant import ConstantLatencyModel  # noqa: F401  (registers 
 from sim.latency.profiled import Profile, ProfiledLatencyModel
 from sim.latency.base import BatchStats
 from sim.policies import PolicyContext, chunk_policies, rebalancers
-from sim.rng import stream
 from sim.workloads import RequestSpec, build_workload
 
 
@@ -39,6 +38,7 @@ class RunResult:
     end_s: float
     iteration_overhead_s: float
     extras: dict = field(default_factory=dict)
+    host_s: list = field(default_factory=list)  # per iteration: host time before the stages start
 
 
 def build_latency(cfg: RunConfig):
@@ -46,11 +46,15 @@ def build_latency(cfg: RunConfig):
     if lat.kind == "constant":
         return ConstantLatencyModel(pp, lat.stage_ms, lat.overhead_ms)
     profile = Profile.load(lat.profile_path())
+    if lat.overrides:
+        from sim.latency.analysis import with_overrides
+
+        profile = with_overrides(profile, **lat.overrides)
     if profile.tp != cfg.parallel.tp:
         raise ConfigError(
             f"config [parallel] tp = {cfg.parallel.tp} but profile {lat.profile} is for tp = {profile.tp}"
         )
-    return ProfiledLatencyModel(profile, pp, noise_cv=lat.noise_cv, rng=stream(cfg.seed, "latency-noise"))
+    return ProfiledLatencyModel(profile, pp, noise_cv=lat.noise_cv, seed=cfg.seed, variance=lat.variance)
 
 
 def pool_sizes(cfg: RunConfig, latency) -> tuple[int, int, int, int]:
@@ -76,10 +80,13 @@ def run(cfg: RunConfig, requests: list[RequestSpec] | None = None) -> RunResult:
     latency = build_latency(cfg)
     kv, max_running, max_req_len, max_input = pool_sizes(cfg, latency)
     sc = cfg.scheduler
+    # start-up profiling draws from its own streams, so it never shifts the run's draws
+    make_noise = getattr(latency, "make_noise", None)
+    startup_noise = make_noise("startup") if make_noise else None
     context = PolicyContext(
         num_stages=cfg.parallel.pp, slo_ttft_s=cfg.slo.ttft_ms / 1e3, slo_tpot_s=cfg.slo.tpot_ms / 1e3,
         launch_chunk_tokens=sc.chunk_size_tokens, kv_capacity_tokens=kv,
-        startup_profile=lambda c: startup_profile(latency, c, kv, max_req_len),
+        startup_profile=lambda c: startup_profile(latency, c, kv, max_req_len, noise=startup_noise),
     )
     params = dict(sc.chunk_policy.params)
     if sc.chunk_policy.name == "static":
@@ -100,12 +107,13 @@ def run(cfg: RunConfig, requests: list[RequestSpec] | None = None) -> RunResult:
     n = cfg.parallel.replicas
     guard = SLOGuard(reqs, cfg.slo.ttft_ms / 1e3, cfg.slo.tpot_ms / 1e3) if cfg.slo.stop_when_violated else None
     pipes = []
-    for _ in range(n):
+    for i in range(n):
         policy, rebalancer = build_policies()
         sched = Scheduler(cfg.parallel.pp, kv, max_running, policy.initial_chunk())
         inbox = Inbox(env, reqs) if n == 1 else Inbox(env)
         pipes.append(Pipeline(env, sched, latency, policy, inbox, cfg.horizon_s, rebalancer=rebalancer,
-                              slo_tpot_s=context.slo_tpot_s, guard=guard))
+                              slo_tpot_s=context.slo_tpot_s, guard=guard,
+                              noise=make_noise("latency" if i == 0 else f"latency-replica{i}") if make_noise else None))
     if n > 1:
         env.process(route(env, reqs, pipes, cfg.parallel.router))
     env.run(until=env.all_of([p.proc for p in pipes]))
@@ -113,12 +121,13 @@ def run(cfg: RunConfig, requests: list[RequestSpec] | None = None) -> RunResult:
     stopped = [p for p in pipes if p.status == "stopped"]
     iters: dict = {c: [] for c in pipes[0].iters}
     iters["replica"] = []
-    busy, decisions, moves = [], [], []
+    busy, decisions, moves, host = [], [], [], []
     for i, p in enumerate(pipes):
         for c, vals in p.iters.items():
             iters[c].extend(vals)
         iters["replica"].extend([i] * len(p.iters["iteration"]))
         busy.extend(p.stage_busy)
+        host.extend(p.overhead_log)
         decisions.extend(p.decisions)
         moves.extend(p.move_log)
     return RunResult(
@@ -127,7 +136,7 @@ def run(cfg: RunConfig, requests: list[RequestSpec] | None = None) -> RunResult:
                 "; ".join(f"replica {pipes.index(p)}: {p.reason}" if n > 1 else p.reason for p in failed)),
         requests=reqs, iterations=iters, stage_busy=busy, decisions=decisions, moves=moves,
         kv_capacity_tokens=kv, kv_peak_tokens=max(p.kv_peak for p in pipes), max_running_requests=max_running,
-        end_s=env.now, iteration_overhead_s=latency.iteration_overhead_s,
+        end_s=env.now, iteration_overhead_s=latency.iteration_overhead_s, host_s=host,
     )
 
 
@@ -151,16 +160,23 @@ def route(env: simpy.Environment, reqs: list[Req], pipes: list[Pipeline], policy
 
 
 def startup_profile(latency, chunk: int, kv_tokens: int, max_req_len: int,
-                    warmup: int = 3, repeats: int = 5) -> float:
+                    warmup: int = 3, repeats: int = 5, noise=None) -> float:
     """The artifact's start-up profiling of a candidate chunk, run on the ground truth as a
     black box: in steady state every stage holds a pure `chunk`-token prefill (one request a
     step, each finishing after one token), so one iteration costs the slowest stage plus the
-    iteration overhead. Mean of `repeats` measurements after `warmup` (noise included when
-    the ground truth is noisy). Returns nan for an infeasible chunk (the artifact skips it)."""
+    iteration's host time. Mean of `repeats` measurements after `warmup` (variance included,
+    drawn from the start-up streams, when the ground truth has variance). Returns nan for an infeasible chunk (the artifact skips it)."""
     if chunk > kv_tokens or chunk > max_req_len:
         return float("nan")
     stats = BatchStats.prefill(chunk)
+    times = latency.stage_times(stats)
+    overhead_of = getattr(latency, "overhead_s", None)
+    host = latency.iteration_overhead_s if overhead_of is None else overhead_of(stats)
     samples = []
     for _ in range(warmup + repeats):
-        samples.append(max(latency.stage_times(stats)) + latency.iteration_overhead_s)
+        if noise is None:
+            samples.append(max(times) + host)
+        else:
+            factors, stall_s = noise.next()
+            samples.append(max(t * f for t, f in zip(times, factors)) + host + stall_s)
     return sum(samples[warmup:]) / repeats

@@ -28,6 +28,11 @@ OVERRIDE_KEYS = {
     "p2p_bw_gbps": ("comm", "p2p_bw_gbps"),
     "allreduce_alpha_us": ("comm", "allreduce_alpha_us"),
     "allreduce_busbw_gbps": ("comm", "allreduce_busbw_gbps"),
+    "cpu_per_request_us": ("ground_truth", "cpu_per_request_us"),
+    "decode_wave_fraction": ("ground_truth", "decode_wave_fraction"),
+    "jitter_cv": ("ground_truth", "jitter_cv"),
+    "stall_prob": ("ground_truth", "stall_prob"),
+    "stall_mean_ms": ("ground_truth", "stall_mean_ms"),
 }
 
 DEFAULT_DECODE_CONTEXT = 1400
@@ -40,7 +45,7 @@ def with_overrides(profile: Profile, **overrides) -> Profile:
         if key not in OVERRIDE_KEYS:
             raise DataError(f"unknown profile override {key!r}; allowed: {', '.join(OVERRIDE_KEYS)}")
         sec, name = OVERRIDE_KEYS[key]
-        meta[sec][name] = val
+        meta.setdefault(sec, {})[name] = val
     return Profile(profile.path, meta, profile.grid, profile.layer_ms, profile.attention, profile.comm)
 
 
@@ -50,7 +55,8 @@ def load_model(profile: str | Path | Profile, pp: int, **overrides) -> ProfiledL
     prof = profile if isinstance(profile, Profile) else Profile.load(profile)
     if overrides:
         prof = with_overrides(prof, **overrides)
-    return ProfiledLatencyModel(prof, pp)
+    # the deterministic part of the truth: micro-benchmarks and tables show expected times
+    return ProfiledLatencyModel(prof, pp, variance=False)
 
 
 def default_stage(pp: int) -> int:
@@ -63,7 +69,8 @@ def split_ms(model: ProfiledLatencyModel, stats: BatchStats, stage: int | None =
     if not 0 <= stage < model.num_stages:
         raise DataError(f"--stage must be in 0..{model.num_stages - 1}, got {stage}")
     st = model.stage_time(stats, stage)
-    overhead = st.overhead_s + model.iteration_overhead_s
+    host = getattr(model, "overhead_s", None)
+    overhead = st.overhead_s + (host(stats) if host else model.iteration_overhead_s)
     return {
         "tokens": stats.num_tokens,
         "linear_ms": st.linear_s * 1e3,

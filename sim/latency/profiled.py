@@ -24,12 +24,27 @@ Communication (`[comm] model`):
   smallest size's time (latency floor), above the largest size linear in bytes from the last
   two points (bandwidth bound; proportional to bytes if their slope is not positive).
 
-Noise: `noise_cv` (config `[latency] noise_cv`, default 0 = off) multiplies every stage time of
-every micro-batch by an independent lognormal factor with mean 1 and coefficient of variation
-`noise_cv` (sigma^2 = log(1 + cv^2), mu = -sigma^2/2), drawn from the run's seeded
-`latency-noise` stream, so the ground truth becomes a seeded random variable that an online
-predictor cannot learn exactly. The iteration overhead is not noised. Deterministic timing
-(noise off) is what the calibration uses.
+Ground-truth structure and variance (`[ground_truth]` in meta.toml; every key optional, and a
+profile without the section is the plain table model above):
+
+- `decode_wave_fraction` (phi) and `sm_count` (W): decode attention is not linear in the context
+  sum. FlashInfer's decode kernel runs one thread block per (request, KV head) in waves over the
+  W SMs, so a fraction phi of the work is padded to full waves:
+  `b_ctx * [(1 - phi) * sum_ctx + phi * mean_ctx * pad(n)]`, `pad(n) = ceil(n h / W) W / h`
+  with h KV heads per GPU (fitted to the measured decode steps, see profiles/fit_ground_truth.py).
+- `cpu_per_request_us`: the scheduler's Python work grows with the requests in the micro-batch
+  (it walks its lists), so the per-iteration CPU cost is `cpu_ms + cpu_per_request_us * n_req`.
+  An empty slot's turn pays no scheduler CPU cost (the artifact's `get_next_batch_to_run`
+  returns early and no forward runs), only the token broadcast.
+- `jitter_cv`, `stall_prob`, `stall_mean_ms`: run-to-run variance, drawn per iteration by the
+  engine from seeded per-stage streams (sim/latency/variance.py). `[latency] variance = false`
+  in a run config turns them off (the zero-variance truth for tests and exact golden runs);
+  `[latency] noise_cv > 0` overrides `jitter_cv`.
+
+TP (tp > 1) also pays SGLang's all-gather of the vocabulary-parallel logits before sampling, on
+the last stage: `allreduce_alpha + (t-1)/t * n_seq * vocab * dtype_bytes / busBW` with n_seq the
+sequences sampled (decodes plus prefill pieces); with a comm table, the all-reduce curve at half
+the bytes (a ring all-gather moves half the bytes of a ring all-reduce).
 """
 
 from __future__ import annotations
@@ -45,6 +60,7 @@ import pandas as pd
 from sim.errors import DataError
 from sim.tomlio import read_toml
 from sim.latency.base import BatchStats, StepTime, latency_models
+from sim.latency.variance import IterationNoise, VarianceParams
 
 GIB = 1 << 30
 
@@ -64,6 +80,16 @@ class ModelShape:
 
 
 COMM_OPS = ("all_reduce", "send_recv")
+
+# `[ground_truth]` keys and their values when absent (absent = the plain, exactly linear model)
+GROUND_TRUTH_KEYS = {
+    "decode_wave_fraction": 0.0,
+    "sm_count": 108.0,
+    "cpu_per_request_us": 0.0,
+    "jitter_cv": 0.0,
+    "stall_prob": 0.0,
+    "stall_mean_ms": 0.0,
+}
 
 
 def read_csv_table(path: Path, required: list[str]) -> pd.DataFrame:
@@ -150,6 +176,24 @@ class Profile:
     @property
     def model_id(self) -> str:
         return str(self.meta["profile"].get("model", self.path.parent.name))
+
+    def ground_truth(self) -> dict[str, float]:
+        """The optional `[ground_truth]` section (structure and variance), checked."""
+        gt = self.meta.get("ground_truth", {})
+        where = f"{self.path / 'meta.toml'} [ground_truth]"
+        out = {}
+        for key, default in GROUND_TRUTH_KEYS.items():
+            if key in gt:
+                out[key] = _need(gt, key, where, positive=False)
+            else:
+                out[key] = default
+        if not 0 <= out["decode_wave_fraction"] <= 1:
+            raise DataError(f"{where}: key 'decode_wave_fraction' must be in [0, 1], got {out['decode_wave_fraction']}")
+        if not 0 <= out["stall_prob"] <= 1:
+            raise DataError(f"{where}: key 'stall_prob' must be in [0, 1], got {out['stall_prob']}")
+        if out["sm_count"] < 1:
+            raise DataError(f"{where}: key 'sm_count' must be >= 1, got {out['sm_count']}")
+        return out
 
     def shape(self) -> ModelShape:
         m, where = self.meta["model"], f"{self.path / 'meta.toml'} [model]"
@@ -264,7 +308,8 @@ def kv_capacity_tokens(profile: Profile, pp: int, mem_fraction: float) -> int:
 class ProfiledLatencyModel:
     """Ground truth from a profile directory, composed into `pp` stages."""
 
-    def __init__(self, profile: Profile, pp: int, noise_cv: float = 0.0, rng=None) -> None:
+    def __init__(self, profile: Profile, pp: int, noise_cv: float = 0.0, seed: int | None = None,
+                 variance: bool = True) -> None:
         self.profile = profile
         self.num_stages = pp
         meta = profile.meta
@@ -300,8 +345,17 @@ class ProfiledLatencyModel:
             if self.tp > 1:
                 self._ar_curve = comm_curve(profile, "all_reduce", self.tp)
         self.iteration_overhead_s = self.cpu_s + self.broadcast_s
-        self.noise_cv = float(noise_cv)
-        self.rng = rng
+        gt = profile.ground_truth()
+        self.wave_frac = gt["decode_wave_fraction"]
+        self.sm_count = gt["sm_count"]
+        self.cpu_per_req_s = gt["cpu_per_request_us"] / 1e6
+        self.kv_heads_per_gpu = max(1, self.shape.num_kv_heads // self.tp)
+        if variance:
+            self.variance = VarianceParams(jitter_cv=float(noise_cv) or gt["jitter_cv"],
+                                           stall_prob=gt["stall_prob"], stall_mean_ms=gt["stall_mean_ms"])
+        else:  # the zero-variance truth, plus an explicit noise_cv if one was asked for
+            self.variance = VarianceParams(jitter_cv=float(noise_cv))
+        self.seed = seed
         self._grid = profile.grid.tolist()
         self._ms = profile.layer_ms.tolist()
         # Scaled per-layer times at the grid points: s(T) is taken at the looked-up grid point (the
@@ -310,8 +364,6 @@ class ProfiledLatencyModel:
         scaled = np.maximum.accumulate(profile.layer_ms * np.array([self.scale(int(g)) for g in profile.grid]))
         self._scaled_ms = scaled.tolist()
         self._cache: dict[tuple, tuple[float, ...]] = {}
-        if self.noise_cv > 0 and rng is None:
-            raise ValueError("noise_cv > 0 needs an rng stream")
 
     # -- building blocks (seconds, one layer unless stated) --
     def scale(self, tokens: int) -> float:
@@ -345,7 +397,12 @@ class ProfiledLatencyModel:
             t += self.s_comp * (p["a_ms"] + p["b_c"] * st.prefill_tokens + p["b_c2"] * st.sum_c2 + p["b_cp"] * st.sum_cp)
         if st.num_decode:
             d = self.profile.attention["decode"]
-            t += self.s_mem * (d["a_ms"] + d["b_ctx"] * st.sum_decode_ctx)
+            ctx = st.sum_decode_ctx
+            if self.wave_frac > 0:
+                n, h, w = st.num_decode, self.kv_heads_per_gpu, self.sm_count
+                padded = math.ceil(n * h / w) * w / h
+                ctx = (1 - self.wave_frac) * ctx + self.wave_frac * (ctx / n) * padded
+            t += self.s_mem * (d["a_ms"] + d["b_ctx"] * ctx)
         return t / 1e3
 
     def p2p_s(self, tokens: int) -> float:
@@ -362,6 +419,29 @@ class ProfiledLatencyModel:
         if self._ar_curve is not None:
             return self._ar_curve(size) / 1e3
         return self.ar_alpha_s + 2 * (self.tp - 1) / self.tp * size / self.ar_bw
+
+    def logits_gather_s(self, num_seqs: int) -> float:
+        """SGLang's all-gather of the vocab-parallel logits of `num_seqs` sequences (seconds); 0 at tp = 1."""
+        if self.tp <= 1 or num_seqs <= 0:
+            return 0.0
+        size = num_seqs * self.shape.vocab_size * self.shape.dtype_bytes
+        if self._ar_curve is not None:
+            return self._ar_curve(size / 2) / 1e3
+        return self.ar_alpha_s + (self.tp - 1) / self.tp * size / self.ar_bw
+
+    def overhead_s(self, st: BatchStats | None) -> float:
+        """Critical-path host time of one iteration whose slot runs `st` (None: an empty turn)."""
+        if st is None:
+            return self.broadcast_s
+        return self.cpu_s + self.cpu_per_req_s * (st.num_prefill + st.num_decode) + self.broadcast_s
+
+    def make_noise(self, prefix: str = "latency") -> IterationNoise | None:
+        """The per-iteration draws of one pipeline (None for a zero-variance truth)."""
+        if not self.variance.enabled:
+            return None
+        if self.seed is None:
+            raise ValueError("a ground truth with variance needs the run seed (ProfiledLatencyModel(seed=...))")
+        return IterationNoise(self.variance, self.num_stages, self.seed, prefix)
 
     # -- the protocol --
     def stage_time(self, st: BatchStats, stage: int) -> StepTime:
@@ -380,6 +460,7 @@ class ProfiledLatencyModel:
         else:
             linear += self.lm_head_s
             overhead += self.sample_s
+            comm += self.logits_gather_s(st.num_prefill + st.num_decode)
         return StepTime(linear, attention, comm, overhead)
 
     def stage_times(self, st: BatchStats) -> tuple[float, ...]:
@@ -389,11 +470,6 @@ class ProfiledLatencyModel:
             times = tuple(self.stage_time(st, s).total_s for s in range(self.num_stages))
             if len(self._cache) < 200_000:
                 self._cache[key] = times
-        if self.noise_cv > 0:
-            # NOTE: lognormal with unit mean so noise never makes a stage negative.
-            sigma = math.sqrt(math.log1p(self.noise_cv**2))
-            f = self.rng.lognormal(-sigma * sigma / 2, sigma, size=len(times))
-            times = tuple(t * x for t, x in zip(times, f))
         return times
 
     def kv_capacity_tokens(self, mem_fraction: float) -> int:

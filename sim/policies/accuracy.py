@@ -17,8 +17,10 @@ bucket; y = the iteration's wall time), and scores predictors on them:
 Protocol: the samples are split in time; batch models are fitted on the first half; online
 predictors run prequentially (predict, then update) over all samples; MAPE is measured on the
 second half for every predictor. `predict_us` is the mean wall time of one single-sample
-prediction call. The ground truth gets multiplicative noise (`noise_cv`, default 0.05) so that
-the RLS faces a realistic target (the noiseless model is a deterministic function of the batch).
+prediction call. The ground truth is the run config's own: by default the profile's variance
+(stage jitter, host stalls) and structure (decode waves, per-request CPU) that ALP cannot
+represent exactly, as a real GPU gives it (profiles/FORMAT.md, `[ground_truth]`). `noise_cv`
+overrides the stage jitter for experiments; None (the default) keeps the config's.
 """
 
 from __future__ import annotations
@@ -69,7 +71,7 @@ class Recorder:
             self._inner_observe(view, current, inflight, iteration_s)
 
 
-def collect_samples(cfg, noise_cv: float | None = 0.05):
+def collect_samples(cfg, noise_cv: float | None = None):
     """Run `cfg` (noise replaced by `noise_cv` unless None); returns (RunResult, table,
     samples) with samples an (n, 5) array of (u, D, S, X, y) in time order."""
     from sim.engine.run import run
@@ -168,7 +170,7 @@ def accuracy_table(samples: np.ndarray, table: dict[int, float], train_frac: flo
     return df
 
 
-def predictor_accuracy(cfg, noise_cv: float | None = 0.05, train_frac: float = 0.5, use_sklearn: bool = True
+def predictor_accuracy(cfg, noise_cv: float | None = None, train_frac: float = 0.5, use_sklearn: bool = True
                        ) -> pd.DataFrame:
     """Simulate `cfg` with a recorder and return the accuracy table (columns predictor,
     mape_pct, predict_us; `attrs`: n_samples, n_test, skipped, status)."""

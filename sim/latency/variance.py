@@ -1,0 +1,102 @@
+"""Run-to-run variance of a real GPU server, as seeded random draws per lock-step iteration.
+
+Two sources, both on by default in the shipped profiles (`[ground_truth]` in meta.toml):
+
+- **Stage jitter.** Every stage's time in every iteration is multiplied by an independent
+  lognormal factor with mean 1 and coefficient of variation `jitter_cv` (kernel-time variance:
+  clocks under a power cap, memory and PCIe contention). sigma^2 = log(1 + cv^2), mu = -sigma^2/2.
+- **Host stalls.** With probability `stall_prob` per iteration the host adds a stall drawn from
+  an exponential distribution with mean `stall_mean_ms` to the iteration's critical path
+  (garbage collection, Python scheduler hiccups, the blocking `tolist()` sync waiting on a late
+  rank). This is the occasional slow iteration that gives real per-iteration latency its tail;
+  a symmetric lognormal body alone cannot.
+
+Common random numbers: each stage draws from its own named stream (`<prefix>-jitter-stage<s>`)
+and the stalls from `<prefix>-stall`, one draw per iteration in iteration order, whether or not
+the stage has work. Two schemes run with the same seed therefore see identical noise at the same
+iteration position. Start-up profiling uses `prefix = "startup"`, so the policy's profiling
+never shifts the draws the run itself sees.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from sim.rng import stream
+
+BLOCK = 4096  # draws are taken in blocks: fast, and still a fixed sequence per stream
+
+
+@dataclass(frozen=True)
+class VarianceParams:
+    """Noise parameters; all zero means the deterministic (zero-variance) ground truth."""
+
+    jitter_cv: float = 0.0
+    stall_prob: float = 0.0
+    stall_mean_ms: float = 0.0
+
+    @property
+    def enabled(self) -> bool:
+        return self.jitter_cv > 0 or (self.stall_prob > 0 and self.stall_mean_ms > 0)
+
+    def mean_stall_ms(self) -> float:
+        """Expected host stall per iteration (ms)."""
+        return self.stall_prob * self.stall_mean_ms
+
+
+class _Blocks:
+    """A stream consumed one value at a time, drawn `BLOCK` values at a time."""
+
+    def __init__(self, draw) -> None:
+        self._draw = draw
+        self._buf: list[float] = []
+        self._i = 0
+
+    def next(self) -> float:
+        if self._i >= len(self._buf):
+            self._buf = self._draw(BLOCK).tolist()
+            self._i = 0
+        v = self._buf[self._i]
+        self._i += 1
+        return v
+
+
+class IterationNoise:
+    """The per-iteration draws of one run (or of one start-up profiling session)."""
+
+    def __init__(self, params: VarianceParams, num_stages: int, seed: int, prefix: str = "latency") -> None:
+        self.params = params
+        self.num_stages = num_stages
+        sigma = math.sqrt(math.log1p(params.jitter_cv ** 2)) if params.jitter_cv > 0 else 0.0
+        mu = -sigma * sigma / 2
+        self._stages = [
+            _Blocks(lambda n, g=stream(seed, f"{prefix}-jitter-stage{s}"): g.lognormal(mu, sigma, size=n))
+            for s in range(num_stages)
+        ] if sigma > 0 else []
+        stall_rng = stream(seed, f"{prefix}-stall")
+        self._stall_u = _Blocks(lambda n: stall_rng.random(size=n))
+        self._stall_e = _Blocks(lambda n: stall_rng.exponential(1.0, size=n))
+        self._ones = (1.0,) * num_stages
+
+    def next(self) -> tuple[tuple[float, ...], float]:
+        """(jitter factor per stage, host stall in seconds) for the next iteration."""
+        factors = tuple(b.next() for b in self._stages) if self._stages else self._ones
+        u, e = self._stall_u.next(), self._stall_e.next()
+        p = self.params
+        stall_s = e * p.stall_mean_ms / 1e3 if u < p.stall_prob else 0.0
+        return factors, stall_s
+
+
+def sample_factors(params: VarianceParams, num_stages: int, seed: int, n: int, prefix: str = "latency") -> np.ndarray:
+    """n iterations of draws as an array of shape (n, num_stages + 1): the stage factors, then the
+    stall in ms (for tests and for the calibration report)."""
+    noise = IterationNoise(params, num_stages, seed, prefix)
+    out = np.empty((n, num_stages + 1))
+    for i in range(n):
+        f, stall = noise.next()
+        out[i, :num_stages] = f
+        out[i, num_stages] = stall * 1e3
+    return out
