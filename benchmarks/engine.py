@@ -3,19 +3,28 @@
 An azure-conv-like load (the `azure-conv-synth` length model, Poisson arrivals) of 400 and
 10,000 requests at 4 and 8 req/s, at PP=4 (chunk 512) and TP=4 (chunk 2048), Qwen2.5-32B on
 the A100-40GB PCIe profile. Workload generation is excluded from the timing (it is done once
-per run, before the simulation, as in every sweep). Run: `python benchmarks/engine.py [--quick]`.
+per run, before the simulation, as in every sweep).
+
+Run: `python benchmarks/engine.py [--quick] [--repeats N] [--baseline REF]`.
+
+With `--baseline REF` (a commit, e.g. 950d8b4) the same points also run on REF, checked out in
+a temporary `git worktree`: every measurement is a fresh subprocess importing `sim` from one
+tree, the two trees alternate round by round (so a busy machine slows both alike), and the
+table shows the median of each tree's rounds and the speed-up (baseline time / this tree's).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
 import time
+from pathlib import Path
 
-import pandas as pd
-
-from sim.config import config_from_table
-from sim.engine.run import run
-from sim.workloads import build_workload
+ROOT = Path(__file__).resolve().parents[1]
 
 LAYOUTS = {
     "PP=4": {"parallel": {"pp": 4, "tp": 1}, "scheduler": {"chunk_size_tokens": 512},
@@ -26,6 +35,11 @@ LAYOUTS = {
 
 
 def bench(layout: str, num: int, rate: float, repeats: int) -> dict:
+    """Best of `repeats` timed runs of one point, with the `sim` package found on sys.path."""
+    from sim.config import config_from_table
+    from sim.engine.run import run
+    from sim.workloads import build_workload
+
     table = {"seed": 1, **LAYOUTS[layout],
              "workload": {"name": "azure-conv-synth", "rate_rps": rate, "num_requests": num}}
     cfg = config_from_table(table)
@@ -41,18 +55,65 @@ def bench(layout: str, num: int, rate: float, repeats: int) -> dict:
             "requests_per_s": round(num / best), "iterations_per_s": round(iters / best)}
 
 
+def _point_in(tree: Path, layout: str, num: int, rate: float) -> dict:
+    """One timed run of a point in a subprocess that imports `sim` from `tree`."""
+    code = (f"import json, sys; sys.path.insert(0, {str(tree)!r}); sys.path.insert(1, {str(ROOT / 'benchmarks')!r});"
+            f"import engine; print(json.dumps(engine.bench({layout!r}, {num}, {rate}, 1)))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=tree, capture_output=True, text=True)
+    if out.returncode != 0:
+        sys.exit(f"benchmark point failed in {tree}:\n{out.stderr.strip()}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def compare(ref: str, points: list[tuple], rounds: int) -> list[dict]:
+    import pandas as pd
+
+    tmp = Path(tempfile.mkdtemp(prefix="ppsim-baseline-"))
+    base = tmp / "tree"
+    subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(base), ref],
+                   check=True, capture_output=True)
+    rows = []
+    try:
+        for layout, num, rate in points:
+            times: dict[str, list[float]] = {"base": [], "this": []}
+            for r in range(rounds):
+                order = [("base", base), ("this", ROOT)] if r % 2 == 0 else [("this", ROOT), ("base", base)]
+                for name, tree in order:
+                    res = _point_in(tree, layout, num, rate)
+                    times[name].append(res["wall_s"])
+            b, t = statistics.median(times["base"]), statistics.median(times["this"])
+            rows.append({"layout": layout, "requests": num, "rate_rps": rate, "iterations": res["iterations"],
+                         f"{ref}_wall_s": b, "this_wall_s": t, f"{ref}_req_per_s": round(num / b),
+                         "this_req_per_s": round(num / t), "speedup": round(b / t, 2)})
+            print(rows[-1], flush=True)
+    finally:
+        subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(base)], capture_output=True)
+        subprocess.run(["git", "-C", str(ROOT), "worktree", "prune"], capture_output=True)
+    print(pd.DataFrame(rows).to_string(index=False))
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="only the 400-request points")
-    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--repeats", type=int, default=3, help="timed runs per point (rounds with --baseline)")
+    ap.add_argument("--baseline", metavar="REF", help="also time commit REF (git worktree) and print the ratio")
+    ap.add_argument("--rate", type=float, action="append", help="arrival rates (default 4 and 8 req/s)")
+    ap.add_argument("--layout", choices=list(LAYOUTS), action="append", help="layouts (default both)")
     args = ap.parse_args()
     sizes = [400] if args.quick else [400, 10_000]
+    points = [(layout, num, rate) for layout in (args.layout or list(LAYOUTS)) for num in sizes
+              for rate in (args.rate or [4.0, 8.0])]
+    if args.baseline:
+        compare(args.baseline, points, args.repeats)
+        return
+    sys.path.insert(0, str(ROOT))
+    import pandas as pd
+
     rows = []
-    for layout in LAYOUTS:
-        for num in sizes:
-            for rate in (4.0, 8.0):
-                rows.append(bench(layout, num, rate, args.repeats if num <= 400 else 1))
-                print(rows[-1], flush=True)
+    for layout, num, rate in points:
+        rows.append(bench(layout, num, rate, args.repeats if num <= 400 else 1))
+        print(rows[-1], flush=True)
     print(pd.DataFrame(rows).to_string(index=False))
 
 

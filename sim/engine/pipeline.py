@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections import deque
 
 import simpy
+from simpy.events import NORMAL
 
 from sim.engine.scheduler import INIT_NEW_TOKEN_RATIO, RunFailed, Scheduler
 from sim.engine.state import Req
@@ -24,6 +25,14 @@ ITER_COLUMNS = (
     "iteration", "slot", "start_s", "end_s", "mode", "num_tokens", "prefill_tokens", "num_prefill",
     "num_decode", "chunk_size", "kv_used_tokens", "num_waiting", "num_running",
 )
+
+
+def _trigger_after(env: simpy.Environment, event: simpy.Event, delay: float) -> None:
+    """Trigger `event` `delay` seconds from now, as `env.timeout(delay)` would (same time, same
+    float), without allocating a Timeout: SimPy's Timeout sets these two fields and schedules."""
+    event._ok = True
+    event._value = None
+    env.schedule(event, NORMAL, delay)
 
 
 class Inbox:
@@ -134,31 +143,39 @@ class Pipeline:
         self.done = env.event()
         self.pending = 0
         self.busy = [0.0] * self.P
+        self.factors = (1.0,) * self.P  # this iteration's per-stage jitter (1.0: none)
+        self.inflight: deque = deque([None] * self.P, maxlen=self.P)  # micro-batch in stage s
         for s in range(self.P):
             env.process(self._stage(s))
         self.proc = env.process(self._scheduler())
 
     def _stage(self, s: int):
-        env = self.env
+        """Stage s: at the iteration's start (after the overhead) it takes the micro-batch that
+        entered stage 0 at iteration k - s and is busy for its stage time; the last stage to
+        start schedules the end of the iteration at the slowest stage's finish. A stage's end,
+        start + busy, is the same float a timeout of `busy` started then would fire at, so the
+        iteration ends at exactly max over stages of (start + busy)."""
+        busy, inflight = self.busy, self.inflight
         while True:
             yield self.go
-            busy = self.busy[s]
-            if busy > 0:
-                yield env.timeout(busy)
+            m = inflight[s]
+            busy[s] = m.stage_s[s] * self.factors[s] if m is not None else 0.0
             self.pending -= 1
             if self.pending == 0:
-                self.done.succeed()
+                _trigger_after(self.env, self.done, max(busy))
 
     def _scheduler(self):
         env, sched, P = self.env, self.sched, self.P
         queue = self.inbox.queue
-        inflight: deque = deque([None] * P, maxlen=P)
+        inflight = self.inflight
         overhead_of = getattr(self.latency, "overhead_s", None)
         overhead = self.latency.iteration_overhead_s
         noise = self.noise
         horizon = self.horizon_s
         idle_turns = 0
         k = 0
+        # a policy that declares it never changes the chunk is not shown a view every iteration
+        decide = None if getattr(self.policy, "never_decides", False) else self.policy.decide
         while True:
             now = env.now
             if horizon and now >= horizon:
@@ -183,9 +200,10 @@ class Pipeline:
                     yield self.inbox.wait()
                 continue
             slot = k % P
-            decision = self.policy.decide(self._view(now, slot))
-            if decision is not None:
-                self._apply_decision(decision, now, slot)
+            if decide is not None:
+                decision = decide(self._view(now, slot))
+                if decision is not None:
+                    self._apply_decision(decision, now, slot)
             kv_used = sched.kv_used()
             try:
                 mb = sched.form_batch(slot, now, self._rebalance_at(now) if self.rebalancer else None)
@@ -212,24 +230,17 @@ class Pipeline:
                             self.reason = (f"stuck at t={now:.3f}s: {len(sched.pending)} requests paused by the "
                                            f"rebalancer and nothing running")
                         break
-            busy = self.busy
-            for s in range(P):
-                m = inflight[s]
-                busy[s] = m.stage_s[s] if m is not None else 0.0
-            # NOTE: models without a per-batch host cost charge the constant overhead on every turn
-            host_s = overhead if overhead_of is None else overhead_of(mb.stats if mb is not None else None)
-            if noise is not None:
-                factors, stall_s = noise.next()
-                for s in range(P):
-                    busy[s] *= factors[s]
-                host_s += stall_s
-            self.overhead_log.append(host_s)
-            if host_s > 0:
-                yield env.timeout(host_s)
             self.pending = P
             self.done = env.event()
             go, self.go = self.go, env.event()
-            go.succeed()
+            # NOTE: models without a per-batch host cost charge the constant overhead on every turn
+            host_s = overhead if overhead_of is None else overhead_of(mb.stats if mb is not None else None)
+            if noise is not None:
+                self.factors, stall_s = noise.next()
+                host_s += stall_s
+            self.overhead_log.append(host_s)
+            # the stages start once the host time is paid (one event wakes them all)
+            _trigger_after(env, go, host_s if host_s > 0 else 0.0)
             yield self.done
             end = env.now
             self._record(k, slot, now, end, mb, kv_used)

@@ -11,8 +11,7 @@ The clock (SimPy) lives in `sim.engine.pipeline`; this module only moves tokens 
 from __future__ import annotations
 
 from collections import deque
-
-import numpy as np
+from operator import itemgetter
 
 from sim.engine.state import DECODE, EXTEND, FINISHED, MIXED, RUNNING, WAITING, MicroBatch, Req
 
@@ -63,7 +62,7 @@ class Scheduler:
         # TTFT from scheduler arrival, and per-slot cycle times (the artifact's "TPOT").
         self.ttft_samples: list[float] = []
         self.tpot_samples: list[float] = []
-        self.finished: list[Req] = []
+        self.num_finished = 0
         self.retractions = 0
 
     # ------------------------------------------------------------------ helpers
@@ -83,16 +82,20 @@ class Scheduler:
         self.kv_free -= tokens
         req.kv_held += tokens
 
-    def _alloc_decode(self, reqs: list[Req], what: str, now_s: float) -> None:
-        """One KV slot per decode request (prepare_for_decode), checked once for the batch."""
+    def _alloc_decode(self, reqs: list[Req], what: str, now_s: float) -> int:
+        """One KV slot per decode request (prepare_for_decode), checked once for the batch.
+        Returns the requests' summed context (prompt + output), which the batch stats need."""
         if len(reqs) > self.kv_free:
             raise RunFailed(
                 f"KV allocation failed at t={now_s:.3f}s in a {what} batch: {len(reqs)} decode tokens "
                 f"needed, {self.kv_free} of {self.kv_capacity} free (the real server exits)"
             )
         self.kv_free -= len(reqs)
+        ctx = 0
         for r in reqs:
             r.kv_held += 1
+            ctx += r.prompt_len + r.out_len
+        return ctx
 
     def _free(self, req: Req) -> None:
         self.kv_free += req.kv_held
@@ -207,14 +210,16 @@ class Scheduler:
         self.chunked = adder.new_chunked
         decodes: list[Req] = []
         mode = EXTEND
+        ctx = 0
         if slot.running is not None:
             live = [r for r in slot.running if not r.finished]
             if live:
-                self._alloc_decode(live, "mixed", now_s)
+                ctx = self._alloc_decode(live, "mixed", now_s)
                 decodes = live
                 mode = MIXED
             slot.running = None
-        return MicroBatch(self.num_launched, slot.index, mode, prefill, decodes, adder.new_chunked, self.chunk_size)
+        return MicroBatch(self.num_launched, slot.index, mode, prefill, decodes, adder.new_chunked, self.chunk_size,
+                          decode_ctx=ctx)
 
     def _decode_batch(self, slot: Slot, now_s: float) -> MicroBatch | None:
         """update_running_batch: filter, retract on OOM, allocate one slot per request."""
@@ -234,9 +239,9 @@ class Scheduler:
             self.batch_is_full = False
         else:
             self.new_token_ratio = max(self.new_token_ratio - NEW_TOKEN_RATIO_DECAY, MIN_NEW_TOKEN_RATIO)
-        self._alloc_decode(live, "decode", now_s)
+        ctx = self._alloc_decode(live, "decode", now_s)
         slot.running = live
-        return MicroBatch(self.num_launched, slot.index, DECODE, [], live, None, self.chunk_size)
+        return MicroBatch(self.num_launched, slot.index, DECODE, [], live, None, self.chunk_size, decode_ctx=ctx)
 
     def _retract(self, live: list[Req]) -> list[Req]:
         """retract_decode: drop the requests with the fewest generated tokens (ties: the
@@ -277,8 +282,13 @@ class Scheduler:
         for req, _new, _prefix in mb.prefill:
             if req is not chunked:
                 self._emit(req, now_s)
+        # the hot loop: _emit inlined for decodes (they already have their first token)
         for req in mb.decodes:
-            self._emit(req, now_s)
+            out = req.out_len + 1
+            req.out_len = out
+            if req.first_token_s is None or out >= req.max_new:
+                req.out_len = out - 1
+                self._emit(req, now_s)
 
     def _emit(self, req: Req, now_s: float) -> None:
         req.out_len += 1
@@ -291,7 +301,7 @@ class Scheduler:
             req.finish_s = now_s
             self._free(req)
             self.num_active -= 1
-            self.finished.append(req)
+            self.num_finished += 1
 
 
 class PrefillAdder:
@@ -309,15 +319,31 @@ class PrefillAdder:
         self.rem_chunk = chunk - running_bs
         self.rem_input = chunk - running_bs
         self.cur_rem = free - running_bs
-        self.rem_total = free - running_bs - sched._reserved_output_tokens()
+        # rem_total needs a walk over every running request; it is computed when first read
+        # (many batches never read it), replaying the deductions made until then in order.
+        self._free_bs = free - running_bs
+        self._rem_total: float | None = None
+        self._taken: list[int] = []
         self.margin = sched.num_slots - 1
         self.can_run: list[tuple[Req, int]] = []
         self.new_chunked: Req | None = None
         self.states: list[tuple[float, int]] | None = None
         self.admitted_last = 0
 
+    @property
+    def rem_total(self) -> float:
+        if self._rem_total is None:
+            total = self._free_bs - self.sched._reserved_output_tokens()
+            for taken in self._taken:
+                total -= taken
+            self._rem_total = total
+        return self._rem_total
+
     def _take(self, new: int, reserve: int) -> None:
-        self.rem_total -= new + reserve
+        if self._rem_total is None:
+            self._taken.append(new + reserve)
+        else:
+            self._rem_total -= new + reserve
         self.cur_rem -= new
         self.rem_input -= new
         self.rem_chunk -= new
@@ -355,7 +381,7 @@ class PrefillAdder:
             reqs.extend(r for r, _ in self.can_run)
             states = [(r.max_new - r.out_len + margin, r.prompt_len + r.out_len) for r in reqs]
             self.states = [st for st in states if st[0] > 0]
-            self.states.sort(key=lambda x: x[0])
+            self.states.sort(key=itemgetter(0))
         else:
             st = self._state(req)
             if st is not None:
@@ -366,17 +392,20 @@ class PrefillAdder:
                     if st[0] <= self.states[i][0]:
                         break
                 self.states.insert(i, st)
-        if not self.states:
+        states = self.states
+        if not states:
             return True
-        arr = np.asarray(self.states, dtype=float)
-        left, occ = arr[:, 0], arr[:, 1]
-        n = len(left)
-        steps = np.empty(n)
-        steps[:-1] = left[1:]
-        steps[-1] = left[-1]
-        freed = np.concatenate(([0.0], np.cumsum(occ)[:-1]))
+        # Walk the requests in order of tokens left: after request i finishes, the ones behind
+        # it have freed their tokens, and the n - i still running need steps_i more each. All
+        # integers, so this exact form equals the artifact's float arithmetic.
         rem = self.cur_rem - req.prompt_len
-        return not np.any(rem + freed - steps * (n - np.arange(n)) <= 0)
+        n = len(states)
+        freed = 0
+        for i in range(n - 1):
+            if rem + freed - states[i + 1][0] * (n - i) <= 0:
+                return False
+            freed += states[i][1]
+        return rem + freed - states[n - 1][0] > 0
 
     def add_one(self, req: Req) -> str:
         """add_one_req_ignore_eos; sets `admitted_last` to 1 if `req` joined the batch."""

@@ -70,7 +70,7 @@ class MicroBatch:
     __slots__ = ("index", "slot", "mode", "prefill", "decodes", "chunked", "stats", "stage_s", "chunk_size")
 
     def __init__(self, index: int, slot: int, mode: str, prefill: list, decodes: list,
-                 chunked: Req | None, chunk_size: int) -> None:
+                 chunked: Req | None, chunk_size: int, decode_ctx: int | None = None) -> None:
         self.index = index
         self.slot = slot
         self.mode = mode
@@ -83,9 +83,11 @@ class MicroBatch:
             tokens += new
             c2 += new * new
             cp += new * prefix
-        ctx = 0
-        for r in decodes:
-            ctx += r.prompt_len + r.out_len
+        ctx = decode_ctx
+        if ctx is None:
+            ctx = 0
+            for r in decodes:
+                ctx += r.prompt_len + r.out_len
         self.stats = BatchStats(tokens, len(prefill), c2, cp, len(decodes), ctx)
         self.stage_s: tuple[float, ...] = ()
 

@@ -363,7 +363,7 @@ class ProfiledLatencyModel:
         # s_mem to s_comp while the table may be flat: more tokens never cost less after scaling.
         scaled = np.maximum.accumulate(profile.layer_ms * np.array([self.scale(int(g)) for g in profile.grid]))
         self._scaled_ms = scaled.tolist()
-        self._cache: dict[tuple, tuple[float, ...]] = {}
+        self._parts: dict[int, tuple] = {}  # tokens -> per stage (layers, linear, comm, overhead)
 
     # -- building blocks (seconds, one layer unless stated) --
     def scale(self, tokens: int) -> float:
@@ -464,12 +464,27 @@ class ProfiledLatencyModel:
         return StepTime(linear, attention, comm, overhead)
 
     def stage_times(self, st: BatchStats) -> tuple[float, ...]:
-        key = st.key()
-        times = self._cache.get(key)
-        if times is None:
-            times = tuple(self.stage_time(st, s).total_s for s in range(self.num_stages))
-            if len(self._cache) < 200_000:
-                self._cache[key] = times
+        times = self._exact_times(st)
+        return times
+
+    def _exact_times(self, st: BatchStats) -> tuple[float, ...]:
+        """`stage_time(st, s).total_s` for every stage, bit for bit, with the parts that depend
+        only on the token count cached: the attention term is the only one that varies between
+        batches of equal size (decode contexts), and it is the same for every stage."""
+        tokens = st.num_tokens
+        if tokens <= 0:
+            return (0.0,) * self.num_stages
+        parts = self._parts.get(tokens)
+        if parts is None:
+            steps = [self.stage_time(BatchStats(tokens), s) for s in range(self.num_stages)]
+            parts = tuple((n, t.linear_s, t.comm_s, t.overhead_s) for n, t in zip(self.layers, steps))
+            self._parts[tokens] = parts
+        att = self.attention_s(st)
+        # same order of additions as StepTime.total_s
+        times = tuple(lin + n * att + comm + ov for n, lin, comm, ov in parts)
+        if self.tp > 1:  # the logits all-gather depends on the sequences, not only the tokens
+            gather = self.logits_gather_s(st.num_prefill + st.num_decode)
+            times = times[:-1] + (times[-1] + gather,)
         return times
 
     def kv_capacity_tokens(self, mem_fraction: float) -> int:
