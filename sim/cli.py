@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 from pathlib import Path
 
@@ -40,7 +41,7 @@ SUMMARY_KEYS = (
     "status", "num_requests", "num_finished", "p50_ttft_ms", "p90_ttft_ms", "p99_ttft_ms", "p50_tpot_ms",
     "p90_tpot_ms", "p99_tpot_ms", "p90_e2e_ms", "slo_attainment", "meets_p90_slo", "throughput_rps",
     "p50_iter_ms", "p90_iter_ms", "p99_iter_ms", "bubble_fraction", "kv_capacity_tokens", "kv_peak_tokens",
-    "num_retractions", "duration_s",
+    "num_retractions", "duration_s", "saturated", "sustained_throughput_rps",
 )
 
 
@@ -100,6 +101,8 @@ def cmd_run(args) -> int:
         print(json.dumps(_jsonable(summary), indent=2, sort_keys=True))
     else:
         width = max(len(k) for k in SUMMARY_KEYS)
+        if summary.get("stage_layers"):
+            print(f"{'stage_layers':<{width}}  {summary['stage_layers']}")
         for k in SUMMARY_KEYS:
             print(f"{k:<{width}}  {_fmt(summary.get(k))}")
         if summary["reason"]:
@@ -126,8 +129,15 @@ def cmd_list(args) -> int:
     return 0
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """argparse with one-line usage errors (`ppsim ...: error: ...; see --help`), exit code 2."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see '{self.prog} --help')\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="ppsim", description="PipeSim: simulate TP and pipeline-parallel LLM serving.",
         epilog=EPILOG_MAIN, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -161,6 +171,16 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _flag_of(args, filename: str) -> str:
+    """'--out ' when `filename` is the --out folder or inside it (the flag to blame), else ''."""
+    for key, value in vars(args).items():
+        if isinstance(value, str) and value and key not in ("command", "func"):
+            base = value.rstrip("/") or "/"
+            if filename == value or filename == base or filename.startswith(base + "/"):
+                return f"--{key.replace('_', '-')} " if key != "config" else "config "
+    return ""
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     try:
@@ -168,13 +188,42 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as exc:  # argparse already printed a one-line usage error
         return int(exc.code or 0)
     try:
-        return int(args.func(args) or 0)
+        code = int(args.func(args) or 0)
+        sys.stdout.flush()  # inside the try: a reader that left shows up here, not at exit
+        return code
     except PipeSimError as exc:
-        print(f"ppsim: error: {exc}", file=sys.stderr)
+        from sim.config import attribute_to_override
+
+        msg = attribute_to_override(str(exc), getattr(args, "set", None) or [])
+        print(f"ppsim: error: {' '.join(msg.split())}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("ppsim: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        # The reader (e.g. `| head -1`) left: stop quietly, as `cat` does (128 + SIGPIPE).
+        # Point stdout at /dev/null so the interpreter's final flush does not fail again.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 141
+    except OSError as exc:
+        if exc.filename is None:
+            raise
+        print(f"ppsim: error: {_flag_of(args, str(exc.filename))}{exc.filename}: {exc.strerror or exc}",
+              file=sys.stderr)
+        return 2
+    except Exception as exc:  # noqa: BLE001 - a bug: one line, exit 1; PPSIM_DEBUG=1 shows the traceback
+        if os.environ.get("PPSIM_DEBUG"):
+            raise
+        where = ""
+        tb = exc.__traceback__
+        while tb is not None and tb.tb_next is not None:
+            tb = tb.tb_next
+        if tb is not None:
+            where = f" at {os.path.basename(tb.tb_frame.f_code.co_filename)}:{tb.tb_lineno}"
+        print(f"ppsim: internal error: {type(exc).__name__}: {' '.join(str(exc).split())}{where} "
+              f"(a bug; rerun with PPSIM_DEBUG=1 for the traceback)", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ allowed). `--set a.b=value` overrides parse `value` as a TOML value.
                 max_running_requests, chunk_policy = {name, params}, rebalancer = {name, params}
     [latency]   kind = "profile" | "constant", profile = "<dir>", variance, noise_cv, stage_ms, overhead_ms
     [slo]       ttft_ms, tpot_ms
+    [server]    on_kv_exhausted = "exit" | "retract"
     [workload]  name = "<file in workloads/>" and overrides, or an inline kind (sim.workloads)
 """
 
@@ -99,6 +100,9 @@ class LatencyConfig:
         for key, val in self.overrides.items():  # key names are checked against the profile when it loads
             if key != "mode" and (isinstance(val, bool) or not isinstance(val, (int, float)) or val < 0):
                 raise ConfigError(f"{where}: [latency.overrides] {key} must be a number >= 0, got {val!r}")
+        if self.stage_ms <= 0 or self.overhead_ms < 0:
+            raise ConfigError(f"{where}: [latency] stage_ms must be > 0 and overhead_ms >= 0, "
+                              f"got {self.stage_ms} and {self.overhead_ms}")
 
     def profile_path(self) -> Path:
         p = Path(self.profile)
@@ -119,6 +123,25 @@ class SLOConfig:
             raise ConfigError(f"{where}: [slo] ttft_ms and tpot_ms must be > 0")
 
 
+ON_KV_EXHAUSTED = ("exit", "retract")
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """What the server does when a prefill/mixed batch cannot allocate its KV.
+
+    `"exit"` (default, the artifact): the run ends with status "failed", as the real server
+    exits. `"retract"`: the prefill part of the batch is dropped and the slot runs a decode
+    batch instead, retracting and requeueing requests as on a decode OOM; the run goes on."""
+
+    on_kv_exhausted: str = "exit"
+
+    def validate(self, where: str) -> None:
+        if self.on_kv_exhausted not in ON_KV_EXHAUSTED:
+            raise ConfigError(f"{where}: [server] on_kv_exhausted must be one of: {', '.join(ON_KV_EXHAUSTED)}; "
+                              f"got {self.on_kv_exhausted!r}")
+
+
 @dataclass(frozen=True)
 class RunConfig:
     seed: int = 1
@@ -127,14 +150,17 @@ class RunConfig:
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     latency: LatencyConfig = field(default_factory=LatencyConfig)
     slo: SLOConfig = field(default_factory=SLOConfig)
+    server: ServerConfig = field(default_factory=ServerConfig)
     workload: Mapping[str, Any] = field(default_factory=dict)
 
     def validate(self, where: str) -> None:
         if self.horizon_s < 0:
             raise ConfigError(f"{where}: horizon_s must be >= 0, got {self.horizon_s}")
+        if not 0 <= self.seed < 2**63:
+            raise ConfigError(f"{where}: seed must be an integer in [0, 2^63), got {self.seed}")
         if not self.workload:
             raise ConfigError(f"{where}: missing section [workload]")
-        for sec in (self.parallel, self.scheduler, self.latency, self.slo):
+        for sec in (self.parallel, self.scheduler, self.latency, self.slo, self.server):
             sec.validate(where)
 
     def to_dict(self) -> dict[str, Any]:
@@ -213,6 +239,33 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     except tomllib.TOMLDecodeError:
         value = raw.strip()
     return path, value
+
+
+def attribute_to_override(message: str, overrides: list[str]) -> str:
+    """Blame a `--set` override for an error it caused: when the message names an override's
+    key (its last dotted part, as a word) or its value, the message is re-headed
+    `--set KEY=VALUE: ...` instead of the config or workload file the value landed in."""
+    import re
+
+    hits = []
+    for text in overrides:
+        if "=" not in text:
+            continue
+        key, raw = text.split("=", 1)
+        leaf = key.strip().split(".")[-1]
+        value = raw.strip().strip('"\'')
+        if leaf and re.search(rf"(?<![\w-]){re.escape(leaf)}(?![\w-])", message):
+            hits.append((0, text))
+        elif value and re.search(rf"(?<![\w.-]){re.escape(value)}(?![\w.-])", message):
+            hits.append((1, text))
+    if not hits or message.startswith("--set "):
+        return message
+    text = min(hits, key=lambda h: h[0])[1]
+    head, sep, rest = message.partition(": ")
+    # NOTE: drop the file the value landed in (a path or "config [section]"), keep the rest.
+    if sep and (" " not in head or re.fullmatch(r"config( \[[\w.]+\])?", head)):
+        message = f"{rest} (overriding {head})"
+    return f"--set {text}: {message}"
 
 
 def apply_overrides(table: dict[str, Any], overrides: list[str]) -> dict[str, Any]:

@@ -89,6 +89,10 @@ def cmd_goodput(args) -> int:
         raise ConfigError(f"--rates {args.rates!r}: expected LO:HI integers, e.g. 1:10") from None
     if not 0 < lo <= hi:
         raise ConfigError(f"--rates {args.rates!r}: need 0 < LO <= HI")
+    if not args.tol > 0:
+        raise ConfigError(f"--tol must be > 0 (req/s), got {args.tol}")
+    if args.seeds < 1:
+        raise ConfigError(f"--seeds must be >= 1, got {args.seeds}")
     base = load_table(args.config, args.set)
     cfg = config_from_table(base, args.config)  # validates the config and the overrides
     out = Path(args.out) if args.out else None

@@ -200,6 +200,8 @@ def write_report(results: Path, out: Path) -> Path:
 
 def cmd_fidelity(args) -> int:
     results = Path(args.results) if args.results else REPO_ROOT / "experiments" / "results"
+    if not results.is_dir():
+        raise DataError(f"--results {results}: not a folder; allowed: the --out folder of 'ppsim reproduce'")
     out = Path(args.out) if args.out else results / "fidelity.md"
     path = write_report(results, out)
     print(f"wrote {path}")

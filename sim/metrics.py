@@ -25,6 +25,7 @@ import numpy as np
 import pandas as pd
 
 from sim.config import SLOConfig
+from sim.saturation import saturation
 
 
 def requests_frame(result, slo: SLOConfig | None = None) -> pd.DataFrame:
@@ -195,4 +196,8 @@ def summarize(result, req_df: pd.DataFrame | None = None, it_df: pd.DataFrame | 
     out["max_running_requests"] = result.max_running_requests
     out["num_chunk_decisions"] = len(result.decisions)
     out["num_rebalancer_moves"] = len(result.moves)
+    out.update(saturation(req_df, it_df, result.end_s))  # saturated, sustained_throughput_rps
+    extras = getattr(result, "extras", {}) or {}
+    out["num_kv_exhausted"] = int(extras.get("num_kv_exhausted", 0))
+    out["stage_layers"] = list(extras.get("stage_layers", []))
     return out

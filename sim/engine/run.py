@@ -66,7 +66,9 @@ def pool_sizes(cfg: RunConfig, latency) -> tuple[int, int, int, int]:
             raise ConfigError("config [scheduler] kv_tokens must be set when the latency model has no memory model")
         kv = latency.kv_capacity_tokens(sc.mem_fraction)
     if kv <= 0:
-        raise ConfigError("the model does not fit in GPU memory with this split (KV pool <= 0 tokens)")
+        raise ConfigError(f"config [scheduler] mem_fraction = {sc.mem_fraction}: the model does not fit in GPU "
+                          f"memory at pp = {cfg.parallel.pp}, tp = {cfg.parallel.tp} (KV pool <= 0 tokens); "
+                          f"allowed: a larger mem_fraction (<= 1), pp or tp")
     max_num_reqs = min(max(int(kv / sc.context_length_tokens * 512), 2048), 4096)
     max_running = sc.max_running_requests or min(kv // 2, max_num_reqs + 1)
     max_req_len = min(sc.context_length_tokens - 1, kv - 1)
@@ -109,7 +111,7 @@ def run(cfg: RunConfig, requests: list[RequestSpec] | None = None) -> RunResult:
     pipes = []
     for i in range(n):
         policy, rebalancer = build_policies()
-        sched = Scheduler(cfg.parallel.pp, kv, max_running, policy.initial_chunk())
+        sched = Scheduler(cfg.parallel.pp, kv, max_running, policy.initial_chunk(), cfg.server.on_kv_exhausted)
         inbox = Inbox(env, reqs) if n == 1 else Inbox(env)
         pipes.append(Pipeline(env, sched, latency, policy, inbox, cfg.horizon_s, rebalancer=rebalancer,
                               slo_tpot_s=context.slo_tpot_s, guard=guard,
@@ -137,6 +139,8 @@ def run(cfg: RunConfig, requests: list[RequestSpec] | None = None) -> RunResult:
         requests=reqs, iterations=iters, stage_busy=busy, decisions=decisions, moves=moves,
         kv_capacity_tokens=kv, kv_peak_tokens=max(p.kv_peak for p in pipes), max_running_requests=max_running,
         end_s=env.now, iteration_overhead_s=latency.iteration_overhead_s, host_s=host,
+        extras={"stage_layers": list(getattr(latency, "layers", [])),
+                "num_kv_exhausted": sum(p.sched.kv_exhausted_events for p in pipes)},
     )
 
 

@@ -6,6 +6,12 @@ prefill/mixed batch under the chunk budget (at most one request being chunked, i
 moving through consecutive slots), else a decode-only batch with the only OOM retraction.
 `Scheduler.process_result(mb, now_s)` emits tokens when a micro-batch leaves the last stage.
 The clock (SimPy) lives in `sim.engine.pipeline`; this module only moves tokens and KV.
+
+A KV allocation failure in a prefill/mixed batch (possible because admission does not reserve
+for requests inside in-flight micro-batches) ends the run with `on_kv_exhausted = "exit"`, as
+the real server exits; with `"retract"` the prefill part is dropped (admitted requests stay
+queued, the chunked request keeps its prefix) and the slot runs a decode batch, which retracts
+and requeues as on a decode OOM.
 """
 
 from __future__ import annotations
@@ -43,8 +49,11 @@ class Slot:
 
 
 class Scheduler:
-    def __init__(self, num_slots: int, kv_tokens: int, max_running_requests: int, chunk_size: int) -> None:
+    def __init__(self, num_slots: int, kv_tokens: int, max_running_requests: int, chunk_size: int,
+                 on_kv_exhausted: str = "exit") -> None:
         self.num_slots = num_slots
+        self.retract_on_kv_exhausted = on_kv_exhausted == "retract"
+        self.kv_exhausted_events = 0  # prefill/mixed batches dropped for lack of KV ("retract")
         self.kv_capacity = kv_tokens
         self.kv_free = kv_tokens
         self.max_running = max_running_requests
@@ -192,6 +201,15 @@ class Scheduler:
                 break
         if not adder.can_run:
             return None
+        if self.retract_on_kv_exhausted:
+            need = sum(new for _req, new in adder.can_run)
+            if slot.running is not None:
+                need += sum(1 for r in slot.running if not r.finished)
+            if need > self.kv_free:
+                # Nothing was popped or allocated yet: dropping the adder leaves the queue as
+                # it was; _decode_batch then retracts if even the decodes do not fit.
+                self.kv_exhausted_events += 1
+                return None
         for _ in range(admitted):
             req = self.waiting.popleft()
             req.state = RUNNING

@@ -57,7 +57,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from sim.errors import DataError
+from sim.errors import ConfigError, DataError
 from sim.tomlio import read_toml
 from sim.latency.base import BatchStats, StepTime, latency_models
 from sim.latency.variance import IterationNoise, VarianceParams
@@ -270,7 +270,12 @@ def comm_curve(profile: "Profile", op: str, num_workers: int) -> CommCurve:
 
 
 def stage_layers(num_layers: int, pp: int) -> list[int]:
-    """Layers per stage as the artifact splits them: floor(L/pp) each, the last takes the rest."""
+    """Layers per stage as the artifact splits them (vLLM's get_pp_indices): floor(L/pp) each,
+    the last takes the rest, e.g. 64 layers at pp = 3 -> [21, 21, 22]. Any 1 <= pp <= L runs;
+    pp > L would leave a stage without layers, which the artifact cannot build."""
+    if not 1 <= pp <= num_layers:
+        raise ConfigError(f"config [parallel] pp = {pp} does not fit a model of {num_layers} layers; "
+                          f"allowed: 1..{num_layers} (at least one layer per stage)")
     base = num_layers // pp
     return [base] * (pp - 1) + [num_layers - base * (pp - 1)]
 

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from sim.errors import ConfigError
+from sim.limits import check_num_requests
 from sim.tomlio import read_toml
 from sim.workloads.base import (  # noqa: F401  (re-exported)
     WORKLOADS_DIR,
@@ -63,6 +64,7 @@ def resolve_workload(table: Mapping[str, Any]) -> tuple[dict[str, Any], str]:
 def build_workload(table: Mapping[str, Any], *, seed: int) -> list[RequestSpec]:
     """Build the request list of a [workload] table (named or inline)."""
     merged, where = resolve_workload(table)
+    check_num_requests(merged.get("num_requests"), where)
     kind = merged.get("kind")
     builder = workload_kinds.get(str(kind), where=f"{where}: field 'kind'")
     params = {k: v for k, v in merged.items() if k not in META_KEYS}
