@@ -90,6 +90,12 @@ def cmd_goodput(args) -> int:
         raise ConfigError(f"--rates {args.rates!r}: need 0 < LO <= HI")
     base = load_table(args.config, args.set)
     cfg = config_from_table(base, args.config)  # validates the config and the overrides
+    from sim.context import describe, format_header
+
+    context = describe(cfg)
+    context["rate"] = f"swept: integer rates {lo}-{hi} req/s, then bisection to {args.tol:g} req/s (Poisson)"
+    context["seed"] = f"{base.get('seed', 1)}" if args.seeds == 1 else f"1-{args.seeds}"
+    print(format_header(context), flush=True)
     out = Path(args.out) if args.out else None
     runner = Runner(out / "cache.jsonl" if out else None, jobs=args.jobs, executor=args.executor,
                     address=args.address, progress=not args.no_progress)
