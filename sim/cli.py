@@ -40,6 +40,7 @@ PLUGIN_COMMANDS = (
     ("sim.report", "add_report_commands"),
     ("sim.plan", "add_plan_commands"),
     ("sim.fidelity", "add_fidelity_commands"),
+    ("sim.compare", "add_compare_commands"),
 )
 
 SUMMARY_KEYS = (
