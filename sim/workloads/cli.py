@@ -96,6 +96,7 @@ def cmd_plot(args: argparse.Namespace) -> int:
     reqs = describe_requests(args.name, parse_set(args.set), seed=args.seed, as_built=args.as_built)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    stem = Path(args.name).stem if is_trace_file(args.name) or args.name.endswith(".toml") else args.name
     prompts = np.array([r.prompt_tokens for r in reqs])
     outputs = np.array([r.output_tokens for r in reqs])
     times = np.array([r.arrival_s for r in reqs])
@@ -108,9 +109,9 @@ def cmd_plot(args: argparse.Namespace) -> int:
         ax.set_xlabel(label)
         ax.set_ylabel("requests")
         ax.legend()
-    fig.suptitle(f"{args.name}: {len(reqs)} requests")
+    fig.suptitle(f"{stem}: {len(reqs)} requests")
     fig.tight_layout()
-    lengths_png = out / f"{args.name}-lengths.png"
+    lengths_png = out / f"{stem}-lengths.png"
     fig.savefig(lengths_png, dpi=120)
     plt.close(fig)
 
@@ -127,7 +128,7 @@ def cmd_plot(args: argparse.Namespace) -> int:
     ax.set_ylabel(f"arrival rate (req/s, {width:.0f} s bins)")
     ax.legend()
     fig.tight_layout()
-    arrivals_png = out / f"{args.name}-arrivals.png"
+    arrivals_png = out / f"{stem}-arrivals.png"
     fig.savefig(arrivals_png, dpi=120)
     plt.close(fig)
     print(f"wrote {lengths_png}\nwrote {arrivals_png}")
