@@ -16,6 +16,12 @@ EPILOG_RUN = """examples:
   ppsim run experiments/configs/default.toml --set workload.rate_rps=6 --set parallel.pp=2 --out runs/pp2
   ppsim run experiments/configs/default.toml --set scheduler.chunk_size_tokens=512 --json --out runs/c512
   ppsim run experiments/configs/default.toml --timeline --window 20:21 --out runs/timeline
+  ppsim run experiments/configs/default.toml --trace my_trace.jsonl --out runs/mine   # replay a file
+  ppsim run experiments/configs/default.toml --trace BurstGPT_1.csv --limit 2000 --set workload.drop_failed=true --out runs/burst
+--trace FILE replaces the config's workload by the file (format detected: Azure/BurstGPT/plain
+CSV, Mooncake JSONL, ShareGPT JSON; see workloads/README.md) replayed at its recorded times, all
+rows unless --limit N; --set workload.KEY=VALUE sets the trace's fields (rate_rps for Poisson).
+An --out folder holding another run is refused unless --force, which clears it first.
 """
 
 EPILOG_MAIN = """examples:
@@ -35,11 +41,13 @@ PLUGIN_COMMANDS = (
     ("sim.report", "add_report_commands"),
     ("sim.plan", "add_plan_commands"),
     ("sim.fidelity", "add_fidelity_commands"),
+    ("sim.compare", "add_compare_commands"),
 )
 
 SUMMARY_KEYS = (
     "status", "num_requests", "num_finished", "p50_ttft_ms", "p90_ttft_ms", "p99_ttft_ms", "p50_tpot_ms",
-    "p90_tpot_ms", "p99_tpot_ms", "p90_e2e_ms", "slo_attainment", "meets_p90_slo", "throughput_rps",
+    "p90_tpot_ms", "p99_tpot_ms", "p90_e2e_ms", "p50_itl_ms", "p99_itl_ms", "slo_attainment", "meets_p90_slo",
+    "throughput_rps", "throughput_drain_rps",
     "p50_iter_ms", "p90_iter_ms", "p99_iter_ms", "bubble_fraction", "kv_capacity_tokens", "kv_peak_tokens",
     "num_retractions", "duration_s", "saturated", "sustained_throughput_rps",
 )
@@ -63,17 +71,40 @@ def _jsonable(obj):
 
 def cmd_run(args) -> int:
     from sim import tomlio
-    from sim.config import load_config
+    from sim.config import apply_overrides, config_from_table, load_table
+    from sim.context import describe, format_header
     from sim.engine.run import run
     from sim.metrics import iterations_frame, requests_frame, summarize
+    from sim.outdir import prepare_out
+    from sim.workloads import build_workload
 
-    cfg = load_config(args.config, args.set)
-    result = run(cfg)
+    table = load_table(args.config)
+    if args.trace:
+        from sim.workloads.readers import trace_workload
+
+        if any(o.strip().startswith("workload.num_requests") for o in args.set):
+            raise PipeSimError("--trace replays every row of the file; take the first N with --limit N, "
+                               "not --set workload.num_requests")
+        table["workload"] = trace_workload(args.trace, limit=args.limit)
+    elif args.limit is not None:
+        raise PipeSimError("--limit applies to --trace FILE only")
+    table = apply_overrides(table, args.set)
+    if args.trace and "rate_rps" in table["workload"]:
+        # A rate given for a trace means Poisson arrivals over its rows (a ShareGPT file has no times).
+        if not any(o.strip().startswith("workload.arrivals") for o in args.set):
+            table["workload"]["arrivals"] = "poisson"
+    cfg = config_from_table(table, args.config)
+    out = Path(args.out)
+    prepare_out(out, args.force)
+    requests = build_workload(cfg.workload, seed=cfg.seed)
+    context = describe(cfg, requests)
+    if not args.json:
+        print(format_header(context), flush=True)
+    result = run(cfg, requests)
     req_df = requests_frame(result)
     it_df = iterations_frame(result)
     summary = summarize(result, req_df, it_df)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    summary["context"] = context
     req_df.to_csv(out / "requests.csv", index=False)
     it_df.to_csv(out / "iterations.csv", index=False)
     (out / "config.toml").write_text(tomlio.dumps(cfg.to_dict()))
@@ -146,7 +177,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("config", help="run config (TOML), e.g. experiments/configs/default.toml")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config key (dotted path; value parsed as TOML); repeatable")
-    p.add_argument("--out", required=True, help="output folder")
+    p.add_argument("--out", required=True, help="output folder (new or empty; --force replaces an earlier run)")
+    p.add_argument("--force", action="store_true", help="clear an --out folder that holds another run")
+    p.add_argument("--trace", default=None, metavar="FILE",
+                   help="replay this trace file instead of the config's workload (format detected)")
+    p.add_argument("--limit", type=int, default=None, metavar="N", help="with --trace: only the first N rows")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.add_argument("--timeline", action="store_true",
                    help="also write timeline.json (Perfetto/Chrome trace) and timeline.png (Gantt chart)")

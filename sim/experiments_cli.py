@@ -50,10 +50,13 @@ def add_experiment_commands(sub) -> None:
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(func=cmd_goodput)
 
-    p = sub.add_parser("validate", help="compare the simulator with a real bench_serving run",
+    p = sub.add_parser("validate", help="compare the simulator with a real SGLang/vLLM benchmark result",
                        epilog=VALIDATE_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--bench-log", required=True, help="bench_serving JSONL result file")
-    p.add_argument("--workload", required=True, help="workload the real run used (a name in workloads/)")
+    p.add_argument("--bench-log", required=True,
+                   help="SGLang bench_serving JSONL or vLLM benchmark_serving / vllm bench serve JSON result")
+    p.add_argument("--workload", default=None,
+                   help="simulate this workload instead of the log's own requests (needed when the log has no "
+                        "input_lens/output_lens)")
     p.add_argument("--config", default=None, help="run config of the deployment (default: the embedded default)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override; repeatable")
     p.add_argument("--units", default="s", help="units of the lists in the log: s (default) or ms")
@@ -62,10 +65,15 @@ def add_experiment_commands(sub) -> None:
 
 
 VALIDATE_EPILOG = """examples:
-  ppsim validate --bench-log sglang_results.jsonl --workload azure-conv
+  ppsim validate --bench-log sglang_0101_1000_sharegpt.jsonl       # bench_serving --output-details
+  ppsim validate --bench-log vllm-4.0qps-Qwen2.5-32B.json --config experiments/configs/tp4.toml
   ppsim validate --bench-log run.jsonl --workload sharegpt --set scheduler.chunk_size_tokens=512
-Format: one JSON object per line with request_rate and the lists ttfts, tpots, e2es (seconds;
---units ms for milliseconds), as SGLang's bench_serving writes them. See sim/validate.py.
+Reads SGLang bench_serving JSONL (one result per line) and vLLM benchmark_serving / vllm bench serve
+JSON: request_rate, the per-request lists input_lens, output_lens, ttfts, itls, errors (seconds),
+and the aggregates (mean/median/p99_ttft_ms, ...). The log's own successful requests are replayed
+at its rate on the --config deployment (default: experiments/configs/default.toml), whose header
+is printed; mean/P50/P90/P99 of TTFT, TPOT, ITL and E2E and the throughputs are compared.
+The FastPP fork's ttfts/tpots/e2es lists (--units ms for ms) need --workload. See sim/validate.py.
 """
 
 
@@ -95,6 +103,12 @@ def cmd_goodput(args) -> int:
         raise ConfigError(f"--seeds must be >= 1, got {args.seeds}")
     base = load_table(args.config, args.set)
     cfg = config_from_table(base, args.config)  # validates the config and the overrides
+    from sim.context import describe, format_header
+
+    context = describe(cfg)
+    context["rate"] = f"swept: integer rates {lo}-{hi} req/s, then bisection to {args.tol:g} req/s (Poisson)"
+    context["seed"] = f"{base.get('seed', 1)}" if args.seeds == 1 else f"1-{args.seeds}"
+    print(format_header(context), flush=True)
     out = Path(args.out) if args.out else None
     runner = Runner(out / "cache.jsonl" if out else None, jobs=args.jobs, executor=args.executor,
                     address=args.address, progress=not args.no_progress)
@@ -121,10 +135,15 @@ def cmd_validate(args) -> int:
     from experiments.common import REPO
     from sim.validate import validate
 
+    import sys
+
     config = args.config or str(REPO / "experiments" / "configs" / "default.toml")
-    df = validate(args.bench_log, args.workload, config, args.set, args.units)
+    # The headers say what was simulated; with --json they go to stderr, stdout stays JSON.
+    echo = (lambda text: print(text, file=sys.stderr)) if args.json else print
+    df = validate(args.bench_log, args.workload, config, args.set, args.units, echo=echo)
     if args.json:
-        print(json.dumps(df.to_dict(orient="records"), indent=1))
+        records = df.astype(object).where(df.notna(), None).to_dict(orient="records")  # NaN -> null
+        print(json.dumps(records, indent=1))
     else:
         print(df.to_string(index=False, float_format=lambda v: f"{v:.1f}"))
     return 0

@@ -7,8 +7,16 @@ turn them into tidy DataFrames (columns documented below); `summarize` computes 
 requests.csv: req_id, status (finished | running | waiting | failed | not_arrived), arrival_s,
 admit_s, first_token_s, finish_s, prompt_tokens, output_tokens (requested), max_new_tokens
 (after the context clip), generated_tokens, ttft_ms, tpot_ms = (e2e - ttft)/(output - 1),
-e2e_ms, num_chunks, num_retractions, slot, truncated_prompt, clipped_output, replica, meets_ttft,
-meets_tpot, meets_slo.
+e2e_ms, num_chunks, num_retractions, slot, truncated_prompt, clipped_output, replica,
+max_itl_ms (longest gap between two of its tokens), meets_ttft, meets_tpot, meets_slo.
+
+summary.json also carries the serving benchmarks' names with their definitions (vLLM's
+`mean_ttft_ms`, `median_tpot_ms`, `p99_itl_ms`, `mean_e2el_ms`, `request_throughput`,
+`request_goodput`, ...; SGLang's `mean_e2e_latency_ms`, `concurrency`): see `sim.bench_metrics`.
+`throughput_rps` = finished requests / arrival window (first to last arrival, `arrival_window_s`):
+the offered rate when every request finishes, less when a horizon leaves some unserved;
+`throughput_drain_rps` = finished / `duration_s` (first arrival to the end of the run, the drain
+included), which is vLLM's `request_throughput` for a drained run.
 
 iterations.csv: iteration, slot, start_s, end_s, iter_ms, host_ms (scheduler CPU, token broadcast
 and host stalls, before the stages start), mode (decode | extend | mixed |
@@ -24,6 +32,7 @@ import math
 import numpy as np
 import pandas as pd
 
+from sim.bench_metrics import bench_metrics, pooled_itls_ms
 from sim.config import SLOConfig
 from sim.saturation import saturation
 
@@ -46,13 +55,14 @@ def requests_frame(result, slo: SLOConfig | None = None) -> pd.DataFrame:
         ttft = (r.first_token_s - r.arrival_s) * 1e3 if r.first_token_s is not None else math.nan
         e2e = (r.finish_s - r.arrival_s) * 1e3 if r.finish_s is not None else math.nan
         tpot = (e2e - ttft) / (r.max_new - 1) if r.finished and r.max_new > 1 else math.nan
+        max_itl = max(r.itls) * 1e3 if r.itls else math.nan
         rows.append((r.rid, status, r.arrival_s, r.admit_s, r.first_token_s, r.finish_s, r.orig_prompt_len,
                      r.orig_output_len, r.max_new, r.out_len, ttft, tpot, e2e, r.num_chunks,
-                     r.num_retractions, r.slot, r.truncated_prompt, r.clipped_output, r.replica))
+                     r.num_retractions, r.slot, r.truncated_prompt, r.clipped_output, r.replica, max_itl))
     df = pd.DataFrame(rows, columns=[
         "req_id", "status", "arrival_s", "admit_s", "first_token_s", "finish_s", "prompt_tokens",
         "output_tokens", "max_new_tokens", "generated_tokens", "ttft_ms", "tpot_ms", "e2e_ms",
-        "num_chunks", "num_retractions", "slot", "truncated_prompt", "clipped_output", "replica"])
+        "num_chunks", "num_retractions", "slot", "truncated_prompt", "clipped_output", "replica", "max_itl_ms"])
     done = df["status"] == "finished"
     df["meets_ttft"] = done & (df["ttft_ms"] <= slo.ttft_ms)
     # NOTE: a one-token output has no TPOT (the artifact omits it); it cannot violate it.
@@ -173,7 +183,11 @@ def summarize(result, req_df: pd.DataFrame | None = None, it_df: pd.DataFrame | 
     t0 = float(arrived["arrival_s"].min()) if len(arrived) else 0.0
     duration = result.end_s - t0
     out["duration_s"] = duration
-    out["throughput_rps"] = len(fin) / duration if duration > 0 else math.nan
+    last_arrival = float(arrived["arrival_s"].max()) if len(arrived) else 0.0
+    window = last_arrival - t0
+    out["arrival_window_s"] = window
+    out["throughput_rps"] = len(fin) / window if window > 0 else math.nan
+    out["throughput_drain_rps"] = len(fin) / duration if duration > 0 else math.nan
     out["output_tokens_per_s"] = float(fin["generated_tokens"].sum() / duration) if duration > 0 else math.nan
     prefill = float(it_df["prefill_tokens"].sum()) if len(it_df) else 0.0
     out["prefill_tokens_per_s"] = prefill / duration if duration > 0 else math.nan
@@ -200,4 +214,7 @@ def summarize(result, req_df: pd.DataFrame | None = None, it_df: pd.DataFrame | 
     extras = getattr(result, "extras", {}) or {}
     out["num_kv_exhausted"] = int(extras.get("num_kv_exhausted", 0))
     out["stage_layers"] = list(extras.get("stage_layers", []))
+    done = set(fin["req_id"])
+    itls = pooled_itls_ms(r.itls for r in result.requests if r.rid in done)
+    out.update(bench_metrics(arrived, itls, duration, slo.ttft_ms, slo.tpot_ms))
     return out

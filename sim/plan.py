@@ -239,6 +239,15 @@ def plot_plan(df: pd.DataFrame, path: Path) -> None:
 
 
 def cmd_plan(args) -> int:
+    from sim.context import describe_workload, format_header
+
+    source, rate = describe_workload({"name": args.workload})
+    print(format_header({
+        "model": args.model, "gpus": f"{args.gpus} ({args.gpu or args.interconnect}); every TP x PP x replicas split",
+        "chunk policy": f"each of {', '.join(POLICIES)}", "workload": source,
+        "rate": f"goodput search (Poisson), {rate} in the workload file", "seed": "1",
+        "slo": f"TTFT {args.slo_ttft_ms:g} ms, TPOT {args.slo_tpot_ms:g} ms (P90)",
+    }), flush=True)
     df = run_plan(args)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

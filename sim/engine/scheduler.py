@@ -313,6 +313,9 @@ class Scheduler:
         if req.first_token_s is None:
             req.first_token_s = now_s
             self.ttft_samples.append(now_s - req.arrival_s)
+        else:
+            req.itls.append(now_s - req.last_token_s)
+        req.last_token_s = now_s
         if req.out_len >= req.max_new:
             req.finished = True
             req.state = FINISHED

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from array import array
+
 from sim.latency.base import BatchStats
 
 DECODE, EXTEND, MIXED = "decode", "extend", "mixed"
@@ -22,7 +24,7 @@ class Req:
         "rid", "arrival_s", "prompt_len", "orig_prompt_len", "max_new", "orig_output_len",
         "out_len", "fill_len", "prefix_len", "kv_held", "slot", "state", "admit_s",
         "first_token_s", "finish_s", "num_chunks", "num_retractions", "truncated_prompt",
-        "clipped_output", "finished", "replica",
+        "clipped_output", "finished", "replica", "last_token_s", "itls",
     )
 
     def __init__(self, rid: int, arrival_s: float, prompt_len: int, output_len: int,
@@ -50,6 +52,10 @@ class Req:
         self.num_retractions = 0
         self.finished = False
         self.replica = 0
+        # Per-token inter-token latencies (s) as a streaming client sees them (vLLM's `itl`):
+        # gaps between consecutive sampled tokens, one float64 per token after the first.
+        self.last_token_s = 0.0
+        self.itls = array("d")
 
     @property
     def context_len(self) -> int:

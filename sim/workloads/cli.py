@@ -20,7 +20,7 @@ import numpy as np
 from sim.errors import ConfigError, PipeSimError
 from sim.workloads import available_workloads, load_workload_file
 from sim.workloads.fetch import DOWNLOADS, cache_dir, download_for_file, fetch
-from sim.workloads.stats import describe_requests, format_stats, workload_stats
+from sim.workloads.stats import describe_requests, format_stats, is_trace_file, trace_source, workload_stats
 from sim.workloads.trace import resolve_trace_file
 
 RAW = argparse.RawDescriptionHelpFormatter
@@ -76,9 +76,14 @@ def cmd_fetch(args: argparse.Namespace) -> int:
 
 
 def cmd_stats(args: argparse.Namespace) -> int:
-    reqs = describe_requests(args.name, parse_set(args.set), seed=args.seed, as_built=args.as_built)
+    sets = parse_set(args.set)
+    reqs = describe_requests(args.name, sets, seed=args.seed, as_built=args.as_built)
     stats = workload_stats(reqs)
-    print(json.dumps(stats, indent=2) if args.json else format_stats(stats))
+    source = trace_source(args.name, sets) if is_trace_file(args.name) else None
+    if args.json:
+        print(json.dumps({"source": source, **stats} if source else stats, indent=2))
+    else:
+        print((f"source           {source}\n" if source else "") + format_stats(stats))
     return 0
 
 
@@ -91,6 +96,7 @@ def cmd_plot(args: argparse.Namespace) -> int:
     reqs = describe_requests(args.name, parse_set(args.set), seed=args.seed, as_built=args.as_built)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    stem = Path(args.name).stem if is_trace_file(args.name) or args.name.endswith(".toml") else args.name
     prompts = np.array([r.prompt_tokens for r in reqs])
     outputs = np.array([r.output_tokens for r in reqs])
     times = np.array([r.arrival_s for r in reqs])
@@ -103,9 +109,9 @@ def cmd_plot(args: argparse.Namespace) -> int:
         ax.set_xlabel(label)
         ax.set_ylabel("requests")
         ax.legend()
-    fig.suptitle(f"{args.name}: {len(reqs)} requests")
+    fig.suptitle(f"{stem}: {len(reqs)} requests")
     fig.tight_layout()
-    lengths_png = out / f"{args.name}-lengths.png"
+    lengths_png = out / f"{stem}-lengths.png"
     fig.savefig(lengths_png, dpi=120)
     plt.close(fig)
 
@@ -122,7 +128,7 @@ def cmd_plot(args: argparse.Namespace) -> int:
     ax.set_ylabel(f"arrival rate (req/s, {width:.0f} s bins)")
     ax.legend()
     fig.tight_layout()
-    arrivals_png = out / f"{args.name}-arrivals.png"
+    arrivals_png = out / f"{stem}-arrivals.png"
     fig.savefig(arrivals_png, dpi=120)
     plt.close(fig)
     print(f"wrote {lengths_png}\nwrote {arrivals_png}")
@@ -130,7 +136,9 @@ def cmd_plot(args: argparse.Namespace) -> int:
 
 
 def _selection_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("name", help="a workload in workloads/ (see `ppsim workload list`)")
+    p.add_argument("name", help="a workload in workloads/ (see `ppsim workload list`), a workload TOML, or a "
+                                "trace file (Azure/BurstGPT/plain CSV, Mooncake JSONL, ShareGPT JSON; "
+                                "format detected, see workloads/README.md)")
     p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a workload field (repeatable)")
     p.add_argument("--as-built", action="store_true", help="describe the requests a run builds (trace workloads)")
     p.add_argument("--seed", type=int, default=1, help="run seed for sampled lengths/arrivals (default 1)")
@@ -170,7 +178,10 @@ def add_workload_commands(subparsers) -> None:
                "  ppsim workload stats azure-conv --set num_requests=400   # first 400 rows\n"
                "  ppsim workload stats azure-conv --set window_minutes=15  # first 15 minutes\n"
                "  ppsim workload stats azure-conv-replay --as-built --json\n"
-               "  ppsim workload stats cnn --set num_requests=5000 --seed 3",
+               "  ppsim workload stats cnn --set num_requests=5000 --seed 3\n"
+               "  ppsim workload stats my_trace.jsonl              # a Mooncake JSONL, ms timestamps\n"
+               "  ppsim workload stats BurstGPT_1.csv --set 'filter.Model=\"ChatGPT\"' --set drop_failed=true\n"
+               "  ppsim workload stats sharegpt.json --set rate_rps=4 --set num_requests=1000",
     )
     _selection_args(p)
     p.add_argument("--json", action="store_true", help="print a JSON object instead of a table")

@@ -18,8 +18,10 @@ from sim.rng import stream
 from sim.workloads.base import make_requests, poisson_arrivals, require, workload_kinds
 from sim.workloads.lengths import sample_lengths
 
-# Importing the module registers the `trace` kind (it lives in its own module for its size).
+# Importing the modules registers the `trace` kind (it lives in its own module for its size)
+# and its file formats (sim.workloads.readers).
 from sim.workloads import trace as _trace  # noqa: F401,E402
+from sim.workloads import readers as _readers  # noqa: F401,E402
 
 
 @workload_kinds.register("poisson")

@@ -10,6 +10,7 @@ workload (its arrival mode, Poisson rate, seed). Other kinds are always describe
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -24,7 +25,7 @@ STAT_KEYS = (
     "output_mean", "output_p50", "output_p90", "output_p99",
 )
 # Trace-file parameters kept when describing the trace itself (everything else is the run's).
-TRACE_SOURCE_KEYS = ("file", "columns", "arrival_format", "swap")
+TRACE_SOURCE_KEYS = ("file", "columns", "arrival_format", "swap", "format", "filter", "drop_failed", "chars_per_token")
 
 
 def workload_stats(requests: Sequence[RequestSpec]) -> dict[str, float]:
@@ -63,15 +64,34 @@ def _deep_merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]
     return out
 
 
+def is_trace_file(name: str) -> bool:
+    """A `workload stats/plot` argument naming a trace file rather than a workload definition."""
+    return not name.endswith(".toml") and Path(name).expanduser().is_file()
+
+
+def trace_source(name: str, overrides: Mapping[str, Any]) -> str:
+    """The detected format of a trace file and any rows its reader skipped, for the stats header."""
+    from sim.workloads.trace import trace_formats
+
+    params = {"format": "auto", **overrides}
+    path = Path(name).expanduser()
+    return f"{path}: " + trace_formats.get(str(params["format"]))(path, params, name).source
+
+
 def describe_requests(name: str, overrides: Mapping[str, Any], *, seed: int, as_built: bool) -> list[RequestSpec]:
     """The requests `workload stats/plot NAME` describe (see the module docstring)."""
-    table = load_workload_file(name)
-    where = str(workload_path(name))
+    if is_trace_file(name):
+        table: dict[str, Any] = {"kind": "trace", "file": str(Path(name).resolve()), "format": "auto"}
+        where = name
+    else:
+        table = load_workload_file(name)
+        where = str(workload_path(name))
     kind = str(table.get("kind"))
     params = {k: v for k, v in table.items() if k not in ("name", "kind", "description")}
     if kind == "trace" and not as_built:
         params = {k: v for k, v in params.items() if k in TRACE_SOURCE_KEYS}
-        params["arrivals"] = "timestamps"
+        # A file without arrival times (ShareGPT) is described at a Poisson rate if one is given.
+        params["arrivals"] = "poisson" if "rate_rps" in overrides else "timestamps"
     params = _deep_merge(params, overrides)
     builder = workload_kinds.get(kind, where=f"{where}: field 'kind'")
     return builder(params, seed=seed, where=where)

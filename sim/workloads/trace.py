@@ -2,7 +2,10 @@
 
 The default columns are the Azure LLM inference 2023 trace's (TIMESTAMP, ContextTokens,
 GeneratedTokens); any CSV works with `columns = {arrival = ..., prompt = ..., output = ...}`,
-the arrival being a timestamp string or seconds (`arrival_format`). Two modes, as the artifact:
+the arrival being a timestamp string, seconds or milliseconds (`arrival_format`). Other file
+formats (Mooncake/AIPerf JSONL, BurstGPT CSV, ShareGPT JSON) are readers registered in
+`trace_formats` by `sim.workloads.readers`, which also detects the format (`format = "auto"`).
+Two modes, as the artifact:
 
 - `arrivals = "poisson"`: the first `num_requests` rows in time order (all rows if absent) sent
   as Poisson arrivals at `rate_rps`; the recorded timestamps are ignored.
@@ -14,6 +17,8 @@ the arrival being a timestamp string or seconds (`arrival_format`). Two modes, a
 `swap = true` exchanges prompt and output lengths (the artifact's `--reverse`). Unlike the
 artifact, which silently drops rows with prompt <= 0, a non-positive or non-integer length is an
 error: both Azure traces have none, so any such row means a wrong file or wrong columns.
+No row is dropped silently: `limit = N` (the CLI's `--limit`) takes the first N rows explicitly,
+and a `num_requests` larger than the file is an error.
 """
 
 from __future__ import annotations
@@ -28,15 +33,17 @@ import numpy as np
 import pandas as pd
 
 from sim.errors import ConfigError, DataError
+from sim.registry import Registry
 from sim.rng import stream
 from sim.workloads.base import make_requests, poisson_arrivals, require, workload_kinds
 from sim.workloads.fetch import cache_dir, download_for_file
 
 DEFAULT_COLUMNS = {"arrival": "TIMESTAMP", "prompt": "ContextTokens", "output": "GeneratedTokens"}
-ARRIVAL_FORMATS = ("auto", "timestamp", "seconds")
+ARRIVAL_FORMATS = ("auto", "timestamp", "seconds", "milliseconds")
 KEYS = {
     "file", "columns", "arrival_format", "arrivals", "rate_rps", "num_requests", "window_minutes",
-    "window_start_minutes", "sample_ratio", "timestamp_speedup", "swap",
+    "window_start_minutes", "sample_ratio", "timestamp_speedup", "swap", "format", "limit",
+    "filter", "drop_failed", "chars_per_token",
 }
 
 
@@ -48,6 +55,8 @@ class Trace:
     times_s: np.ndarray
     prompts: np.ndarray
     outputs: np.ndarray
+    has_times: bool = True  # False: the file records no arrival times (ShareGPT): Poisson only
+    source: str = ""  # format and any rows a reader skipped on request, for headers and stats
 
     def __len__(self) -> int:
         return len(self.times_s)
@@ -89,12 +98,12 @@ def _arrivals(path: Path, df: pd.DataFrame, col: str, fmt: str) -> np.ndarray:
     raw = df[col].str.strip()
     if fmt == "auto":
         fmt = "seconds" if pd.notna(pd.to_numeric(raw.iloc[0], errors="coerce")) else "timestamp"
-    if fmt == "seconds":
+    if fmt in ("seconds", "milliseconds"):
         secs = pd.to_numeric(raw, errors="coerce").to_numpy(dtype=float)
         bad = ~np.isfinite(secs)
         if bad.any():
-            raise _bad_line(path, bad, col, raw, "arrival must be a number of seconds")
-        times = secs - secs[0]
+            raise _bad_line(path, bad, col, raw, f"arrival must be a number of {fmt}")
+        times = (secs - secs[0]) / (1e3 if fmt == "milliseconds" else 1.0)
     else:
         # utc=True: zone-aware stamps (any offsets) become UTC; naive ones are taken as UTC.
         ts = pd.to_datetime(raw, format="ISO8601", errors="coerce", utc=True).dt.tz_localize(None)
@@ -123,12 +132,15 @@ def _read_cached(path: str, mtime_ns: int, size: int, cols: tuple[str, str, str]
     for role, col in zip(("arrival", "prompt", "output"), cols):
         if col not in df.columns:
             raise DataError(
-                f"{p}: line 1: missing {role} column {col!r}; columns present: {', '.join(map(str, df.columns))}"
+                f"{p}: line 1: missing {role} column {col!r}; columns present: {', '.join(map(str, df.columns))} "
+                "(formats: azure, burstgpt, mooncake, sharegpt, csv; map a CSV's columns with "
+                "columns = {arrival, prompt, output}, CLI --set workload.columns.arrival=COL)"
             )
     if df.empty:
         raise DataError(f"{p}: no data rows")
     times = _arrivals(p, df, cols[0], fmt)
-    trace = Trace(p, times, _lengths(p, df, cols[1]), _lengths(p, df, cols[2]))
+    trace = Trace(p, times, _lengths(p, df, cols[1]), _lengths(p, df, cols[2]),
+                  source=f"CSV {cols[0]}/{cols[1]}/{cols[2]} ({fmt} arrivals)")
     for arr in (trace.times_s, trace.prompts, trace.outputs):
         arr.setflags(write=False)  # shared by the cache: nobody may modify it
     return trace
@@ -140,6 +152,19 @@ def read_trace(path: Path, columns: Mapping[str, str] | None = None, arrival_for
     st = os.stat(path)
     return _read_cached(str(path), st.st_mtime_ns, st.st_size, (cols["arrival"], cols["prompt"], cols["output"]),
                         arrival_format)
+
+
+trace_formats: Registry = Registry("trace format")
+
+
+@trace_formats.register("azure")
+@trace_formats.register("csv")
+def read_csv_format(path: Path, params: Mapping[str, Any], where: str) -> Trace:
+    """Azure 2023/2024 CSV (the default columns) or any CSV with `columns` and `arrival_format`."""
+    fmt = params.get("arrival_format", "auto")
+    if fmt not in ARRIVAL_FORMATS:
+        raise ConfigError(f"{where}: field 'arrival_format' must be one of: {', '.join(ARRIVAL_FORMATS)}; got {fmt!r}")
+    return read_trace(path, _columns(params, where), fmt)
 
 
 def _opt(params: Mapping[str, Any], key: str, typ, default, where: str):
@@ -160,6 +185,12 @@ def select_rows(trace: Trace, params: Mapping[str, Any], *, seed: int, where: st
     """(arrival_s, prompts, outputs) of the workload `params` over `trace` (before swapping)."""
     mode = params.get("arrivals", "poisson")
     num = _opt(params, "num_requests", int, None, where)
+    limit = _opt(params, "limit", int, None, where)
+    if limit is not None:
+        if limit > len(trace):
+            raise ConfigError(f"{where}: field 'limit' is {limit} but {trace.path} has {len(trace)} rows")
+        trace = Trace(trace.path, trace.times_s[:limit], trace.prompts[:limit], trace.outputs[:limit],
+                      trace.has_times, trace.source)
     if mode == "poisson":
         rate = require(params, "rate_rps", float, where, positive=True)
         if num is not None and num > len(trace):
@@ -168,6 +199,11 @@ def select_rows(trace: Trace, params: Mapping[str, Any], *, seed: int, where: st
         return poisson_arrivals(len(idx), rate, stream(seed, "arrivals")), trace.prompts[idx], trace.outputs[idx]
     if mode != "timestamps":
         raise ConfigError(f"{where}: field 'arrivals' must be one of: poisson, timestamps; got {mode!r}")
+    if not trace.has_times:
+        raise ConfigError(f"{where}: {trace.path} records no arrival times ({trace.source.split(';')[0]}); "
+                          "give the workload field rate_rps to send its requests as Poisson arrivals")
+    if num is not None and num > len(trace):
+        raise ConfigError(f"{where}: field 'num_requests' is {num} but {trace.path} has {len(trace)} rows")
     speedup = _opt(params, "timestamp_speedup", float, 1.0, where)
     ratio = params.get("sample_ratio", 1.0)
     if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not 0 < ratio <= 1:
@@ -186,7 +222,7 @@ def select_rows(trace: Trace, params: Mapping[str, Any], *, seed: int, where: st
             )
     else:
         # As the artifact: without a window, the first num_requests rows (all if not given).
-        idx = np.arange(len(trace) if num is None else min(num, len(trace)))
+        idx = np.arange(len(trace) if num is None else num)
     if ratio < 1:
         k = max(1, int(np.floor(len(idx) * ratio)))
         pick = stream(seed, "trace-sample").choice(len(idx), size=k, replace=False)
@@ -200,14 +236,11 @@ def build_trace(params: Mapping[str, Any], *, seed: int, where: str):
     extra = sorted(set(params) - KEYS)
     if extra:
         raise ConfigError(f"{where}: unknown field {extra[0]!r} for kind 'trace'; allowed: {', '.join(sorted(KEYS))}")
-    fmt = params.get("arrival_format", "auto")
-    if fmt not in ARRIVAL_FORMATS:
-        raise ConfigError(f"{where}: field 'arrival_format' must be one of: {', '.join(ARRIVAL_FORMATS)}; got {fmt!r}")
     swap = params.get("swap", False)
     if not isinstance(swap, bool):
         raise ConfigError(f"{where}: field 'swap' must be true or false, got {swap!r}")
-    cols = _columns(params, where)
     path = resolve_trace_file(params.get("file"), where)
-    trace = read_trace(path, cols, fmt)
+    fmt = params.get("format", "auto")
+    trace = trace_formats.get(str(fmt), where=f"{where}: field 'format'")(path, params, where)
     times, prompts, outputs = select_rows(trace, params, seed=seed, where=where)
     return make_requests(times, outputs, prompts) if swap else make_requests(times, prompts, outputs)
