@@ -14,6 +14,7 @@ EPILOG_RUN = """examples:
   ppsim run experiments/configs/default.toml --out runs/default
   ppsim run experiments/configs/default.toml --set workload.rate_rps=6 --set parallel.pp=2 --out runs/pp2
   ppsim run experiments/configs/default.toml --set scheduler.chunk_size_tokens=512 --json --out runs/c512
+  ppsim run experiments/configs/default.toml --slo ttft:p99:3000 --slo tpot:p95:150 --out runs/p99
   ppsim run experiments/configs/default.toml --timeline --window 20:21 --out runs/timeline
 """
 
@@ -66,7 +67,9 @@ def cmd_run(args) -> int:
     from sim.engine.run import run
     from sim.metrics import iterations_frame, requests_frame, summarize
 
-    cfg = load_config(args.config, args.set)
+    from sim.slo import slo_overrides
+
+    cfg = load_config(args.config, args.set + slo_overrides(args.slo))
     result = run(cfg)
     req_df = requests_frame(result)
     it_df = iterations_frame(result)
@@ -100,8 +103,11 @@ def cmd_run(args) -> int:
         print(json.dumps(_jsonable(summary), indent=2, sort_keys=True))
     else:
         width = max(len(k) for k in SUMMARY_KEYS)
-        for k in SUMMARY_KEYS:
+        # the percentiles the SLO names (e.g. p95_ttft_ms) besides the P50/P90/P99 ones
+        extra = [k for k in cfg.slo.keys() if k not in SUMMARY_KEYS]
+        for k in (*SUMMARY_KEYS, *extra):
             print(f"{k:<{width}}  {_fmt(summary.get(k))}")
+        print(f"{'slo':<{width}}  {summary['slo']}")
         if summary["reason"]:
             print(f"{'reason':<{width}}  {summary['reason']}")
         print(f"outputs written to {out}/")
@@ -136,6 +142,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("config", help="run config (TOML), e.g. experiments/configs/default.toml")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config key (dotted path; value parsed as TOML); repeatable")
+    p.add_argument("--slo", action="append", default=[], metavar="METRIC:pQ:MS",
+                   help="an SLO at any percentile, e.g. ttft:p99:1000 (metrics: ttft, tpot, e2e); repeatable")
     p.add_argument("--out", required=True, help="output folder")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.add_argument("--timeline", action="store_true",
