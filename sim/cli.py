@@ -15,6 +15,7 @@ EPILOG_RUN = """examples:
   ppsim run experiments/configs/default.toml --out runs/default
   ppsim run experiments/configs/default.toml --set workload.rate_rps=6 --set parallel.pp=2 --out runs/pp2
   ppsim run experiments/configs/default.toml --set scheduler.chunk_size_tokens=512 --json --out runs/c512
+  ppsim run experiments/configs/default.toml --slo ttft:p99:3000 --slo tpot:p95:150 --out runs/p99
   ppsim run experiments/configs/default.toml --timeline --window 20:21 --out runs/timeline
   ppsim run experiments/configs/default.toml --trace my_trace.jsonl --out runs/mine   # replay a file
   ppsim run experiments/configs/default.toml --trace BurstGPT_1.csv --limit 2000 --set workload.drop_failed=true --out runs/burst
@@ -88,7 +89,9 @@ def cmd_run(args) -> int:
         table["workload"] = trace_workload(args.trace, limit=args.limit)
     elif args.limit is not None:
         raise PipeSimError("--limit applies to --trace FILE only")
-    table = apply_overrides(table, args.set)
+    from sim.slo import slo_overrides
+
+    table = apply_overrides(table, args.set + slo_overrides(args.slo))
     if args.trace and "rate_rps" in table["workload"]:
         # A rate given for a trace means Poisson arrivals over its rows (a ShareGPT file has no times).
         if not any(o.strip().startswith("workload.arrivals") for o in args.set):
@@ -134,8 +137,11 @@ def cmd_run(args) -> int:
         width = max(len(k) for k in SUMMARY_KEYS)
         if summary.get("stage_layers"):
             print(f"{'stage_layers':<{width}}  {summary['stage_layers']}")
-        for k in SUMMARY_KEYS:
+        # the percentiles the SLO names (e.g. p95_ttft_ms) besides the P50/P90/P99 ones
+        extra = [k for k in cfg.slo.keys() if k not in SUMMARY_KEYS]
+        for k in (*SUMMARY_KEYS, *extra):
             print(f"{k:<{width}}  {_fmt(summary.get(k))}")
+        print(f"{'slo':<{width}}  {summary['slo']}")
         if summary["reason"]:
             print(f"{'reason':<{width}}  {summary['reason']}")
         print(f"outputs written to {out}/")
@@ -177,6 +183,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("config", help="run config (TOML), e.g. experiments/configs/default.toml")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config key (dotted path; value parsed as TOML); repeatable")
+    p.add_argument("--slo", action="append", default=[], metavar="METRIC:pQ:MS",
+                   help="an SLO at any percentile, e.g. ttft:p99:1000 (metrics: ttft, tpot, e2e); repeatable")
     p.add_argument("--out", required=True, help="output folder (new or empty; --force replaces an earlier run)")
     p.add_argument("--force", action="store_true", help="clear an --out folder that holds another run")
     p.add_argument("--trace", default=None, metavar="FILE",

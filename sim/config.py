@@ -9,8 +9,10 @@ allowed). `--set a.b=value` overrides parse `value` as a TOML value.
     [parallel]  pp, tp, replicas, router = "round-robin" | "least-loaded"
     [scheduler] chunk_size_tokens, context_length_tokens, mem_fraction, kv_tokens,
                 max_running_requests, chunk_policy = {name, params}, rebalancer = {name, params}
-    [latency]   kind = "profile" | "constant", profile = "<dir>", variance, noise_cv, stage_ms, overhead_ms
-    [slo]       ttft_ms, tpot_ms
+    [latency]   kind = "profile" | "constant", profile = "<dir>", variance, noise_cv, stage_ms, overhead_ms,
+                overrides = {param = value}
+    [slo]       ttft_ms, ttft_percentile, tpot_ms, tpot_percentile, e2e_ms, e2e_percentile,
+                stop_when_violated (sim.slo)
     [server]    on_kv_exhausted = "exit" | "retract"
     [workload]  name = "<file in workloads/>" and overrides, or an inline kind (sim.workloads)
 """
@@ -27,6 +29,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from sim.errors import ConfigError
+from sim.slo import SLO as SLOConfig  # noqa: F401  (the [slo] section; re-exported)
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -110,19 +113,6 @@ class LatencyConfig:
 
 
 @dataclass(frozen=True)
-class SLOConfig:
-    """The SLOs. `stop_when_violated`: end the run (status "stopped") as soon as P90 TTFT or P90
-    TPOT is certain to miss its SLO, for goodput searches that only need pass or fail."""
-
-    ttft_ms: float = 2000.0
-    tpot_ms: float = 200.0
-    stop_when_violated: bool = False
-
-    def validate(self, where: str) -> None:
-        if self.ttft_ms <= 0 or self.tpot_ms <= 0:
-            raise ConfigError(f"{where}: [slo] ttft_ms and tpot_ms must be > 0")
-
-
 ON_KV_EXHAUSTED = ("exit", "retract")
 
 

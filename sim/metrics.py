@@ -8,7 +8,8 @@ requests.csv: req_id, status (finished | running | waiting | failed | not_arrive
 admit_s, first_token_s, finish_s, prompt_tokens, output_tokens (requested), max_new_tokens
 (after the context clip), generated_tokens, ttft_ms, tpot_ms = (e2e - ttft)/(output - 1),
 e2e_ms, num_chunks, num_retractions, slot, truncated_prompt, clipped_output, replica,
-max_itl_ms (longest gap between two of its tokens), meets_ttft, meets_tpot, meets_slo.
+max_itl_ms (longest gap between two of its tokens), meets_ttft, meets_tpot, (meets_e2e when the SLO has
+an E2E objective), meets_slo.
 
 summary.json also carries the serving benchmarks' names with their definitions (vLLM's
 `mean_ttft_ms`, `median_tpot_ms`, `p99_itl_ms`, `mean_e2el_ms`, `request_throughput`,
@@ -35,6 +36,7 @@ import pandas as pd
 from sim.bench_metrics import bench_metrics, pooled_itls_ms
 from sim.config import SLOConfig
 from sim.saturation import saturation
+from sim.slo import pkey
 
 
 def requests_frame(result, slo: SLOConfig | None = None) -> pd.DataFrame:
@@ -68,6 +70,9 @@ def requests_frame(result, slo: SLOConfig | None = None) -> pd.DataFrame:
     # NOTE: a one-token output has no TPOT (the artifact omits it); it cannot violate it.
     df["meets_tpot"] = done & (df["tpot_ms"].isna() | (df["tpot_ms"] <= slo.tpot_ms))
     df["meets_slo"] = df["meets_ttft"] & df["meets_tpot"]
+    if slo.e2e_ms is not None:
+        df["meets_e2e"] = done & (df["e2e_ms"] <= slo.e2e_ms)
+        df["meets_slo"] &= df["meets_e2e"]
     return df
 
 
@@ -99,24 +104,6 @@ def _missing(v) -> bool:
 LATE_FRACTION = 0.25  # the late arrivals: the last quarter of the arrival window
 
 
-def meets_slo(summary: dict, ttft_ms: float, tpot_ms: float) -> bool:
-    """The goodput criterion on a summary (from `summarize`, or read back from a sweep cache):
-    the run completed every request, P90 TTFT and P90 TPOT meet the SLOs (a run without a TPOT,
-    every output one token long, meets it), and so do the P90s of the late arrivals (those of the
-    last quarter of the arrival window). The late check is what makes the rate sustainable: a
-    server that only absorbs a finite burst serves its early arrivals well while its queue keeps
-    growing, and its late arrivals show it (decisions.md, "Goodput search")."""
-    if summary.get("status") != "ok" or summary.get("num_finished") != summary.get("num_requests"):
-        return False
-    for prefix in ("", "late_"):
-        ttft, tpot = summary.get(f"{prefix}p90_ttft_ms"), summary.get(f"{prefix}p90_tpot_ms")
-        if prefix and _missing(ttft) and _missing(tpot):
-            continue  # no late window (a single request)
-        if _missing(ttft) or ttft > ttft_ms or not (_missing(tpot) or tpot <= tpot_ms):
-            return False
-    return True
-
-
 def late_arrivals(arrived: pd.DataFrame, fraction: float = LATE_FRACTION) -> pd.DataFrame:
     """Requests that arrived in the last `fraction` of the arrival window [first, last arrival]."""
     if len(arrived) < 2:
@@ -125,19 +112,26 @@ def late_arrivals(arrived: pd.DataFrame, fraction: float = LATE_FRACTION) -> pd.
     return arrived[arrived["arrival_s"] >= t1 - fraction * (t1 - t0)]
 
 
+def meets_slo(summary: dict, slo, tpot_ms: float | None = None) -> bool:
+    """The goodput criterion on a summary (from `summarize`, or read back from a sweep cache):
+    `slo.meets(summary)` (sim.slo: every request finished and each percentile the SLO names
+    meets its threshold). `meets_slo(summary, ttft_ms, tpot_ms)` is the paper's P90/P90."""
+    if not isinstance(slo, SLOConfig):
+        slo = SLOConfig(ttft_ms=slo, tpot_ms=tpot_ms)
+    return slo.meets(summary)
+
+
 def _pct(values: np.ndarray, q: float) -> float:
     return float(np.percentile(values, q)) if len(values) else math.nan
 
 
-def _stats(prefix: str, values) -> dict[str, float]:
+def _stats(prefix: str, values, extra: tuple[float, ...] = ()) -> dict[str, float]:
     v = np.asarray(values, dtype=float)
     v = v[~np.isnan(v)]
-    return {
-        f"mean_{prefix}": float(v.mean()) if len(v) else math.nan,
-        f"p50_{prefix}": _pct(v, 50),
-        f"p90_{prefix}": _pct(v, 90),
-        f"p99_{prefix}": _pct(v, 99),
-    }
+    out = {f"mean_{prefix}": float(v.mean()) if len(v) else math.nan}
+    for q in sorted({50.0, 90.0, 99.0, *extra}):
+        out[f"p{q:g}_{prefix}"] = _pct(v, q)
+    return out
 
 
 def _time_weighted(values: pd.Series, durations: pd.Series) -> float:
@@ -163,23 +157,27 @@ def summarize(result, req_df: pd.DataFrame | None = None, it_df: pd.DataFrame | 
         "num_truncated_prompts": int(arrived["truncated_prompt"].sum()),
         "num_clipped_outputs": int(arrived["clipped_output"].sum()),
     }
-    for name in ("ttft", "tpot", "e2e"):
-        out.update(_stats(f"{name}_ms", fin[f"{name}_ms"]))
+    slo = result.config.slo
+    for name in ("ttft", "tpot", "e2e"):  # with the percentiles the SLO names (e.g. p95)
+        out.update(_stats(f"{name}_ms", fin[f"{name}_ms"], (getattr(slo, f"{name}_percentile"),)))
+    # the late arrivals at the SLO's percentiles: the goodput criterion's sustainability check
     late = late_arrivals(arrived)
     late_fin = late[late["status"] == "finished"]
     out["num_late_requests"] = int(len(late))
-    for name in ("ttft", "tpot"):
+    for name, q, _ in slo.objectives():
         v = late_fin[f"{name}_ms"].to_numpy(dtype=float)
         v = v[~np.isnan(v)]
-        out[f"late_p90_{name}_ms"] = _pct(v, 90)
+        out["late_" + pkey(q, name)] = _pct(v, q)
     n = max(len(arrived), 1)
     out["slo_attainment"] = float(arrived["meets_slo"].sum() / n)
     out["ttft_attainment"] = float(arrived["meets_ttft"].sum() / n)
     out["tpot_attainment"] = float(arrived["meets_tpot"].sum() / n)
-    slo = result.config.slo
     out["slo_ttft_ms"] = slo.ttft_ms
     out["slo_tpot_ms"] = slo.tpot_ms
-    out["meets_p90_slo"] = meets_slo(out, slo.ttft_ms, slo.tpot_ms)
+    out["slo_e2e_ms"] = slo.e2e_ms
+    out["slo"] = slo.describe()
+    # NOTE: the name is historical: it is the configured percentiles' criterion.
+    out["meets_p90_slo"] = out["meets_slo"] = meets_slo(out, slo)
     t0 = float(arrived["arrival_s"].min()) if len(arrived) else 0.0
     duration = result.end_s - t0
     out["duration_s"] = duration

@@ -6,8 +6,9 @@ search the goodput (the highest rate at which P90 TTFT and P90 TPOT meet the SLO
   cache file (JSON lines, appended and flushed as each point completes).
 - Executors: in-process (jobs = 1), local processes (`jobs` > 1, the default), or a Ray
   cluster (`executor="ray"`, `address=...`; Ray is an optional extra).
-- Goodput: the artifact's integer-rate sweep (the same requests at every rate: only the
-  Poisson gaps are rescaled) brackets the goodput, then bisection refines it to `tol`
+- Goodput: the artifact's integer-rate sweep (any rates: `parse_rates` reads `0.25:4`; the
+  same requests at every rate: only the Poisson gaps are rescaled) brackets the goodput,
+  then bisection refines it to `tol` (and to 10% of the rate below 1 req/s)
   (decisions.md). A failed run does not meet the SLO. If the outcome is not monotone in the
   rate, the highest passing rate below the first failing one is reported and flagged.
 - Sustainable, not absorbed: a rate passes only if the late arrivals (the last quarter of the
@@ -23,6 +24,7 @@ import hashlib
 import json
 import math
 import os
+import re
 import time
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import dataclass, field
@@ -34,6 +36,7 @@ from scipy import stats as sstats
 
 from sim.errors import ConfigError
 from sim.metrics import meets_slo  # noqa: F401  (re-exported: the goodput criterion)
+from sim.slo import SLO
 
 SUMMARY_FIELDS = (
     "status", "reason", "num_requests", "num_finished", "mean_ttft_ms", "p50_ttft_ms", "p90_ttft_ms",
@@ -42,8 +45,10 @@ SUMMARY_FIELDS = (
     "p50_iter_ms", "p90_iter_ms", "p99_iter_ms", "mean_iter_ms", "bubble_fraction", "kv_peak_tokens",
     "kv_capacity_tokens", "num_retractions", "duration_s", "num_iterations", "num_chunk_decisions",
     "num_rebalancer_moves", "bubble_ms_per_iter", "total_bubble_s", "prefill_tokens_per_s", "output_tokens_per_s",
-    "slo_ttft_ms", "slo_tpot_ms", "num_late_requests", "late_p90_ttft_ms", "late_p90_tpot_ms",
+    "slo_ttft_ms", "slo_tpot_ms", "slo_e2e_ms", "slo", "meets_slo", "num_late_requests",
 )
+# Percentiles an SLO names besides P50/P90/P99 (e.g. p95_ttft_ms) travel with the summary too.
+PERCENTILE_KEY = re.compile(r"^(late_)?p[0-9.]+_(ttft|tpot|e2e)_ms$")
 
 
 def point_id(table: dict) -> str:
@@ -59,6 +64,7 @@ def evaluate(table: dict) -> dict:
     cfg = config_from_table(table)
     summary = summarize(run(cfg))
     out = {k: summary.get(k) for k in SUMMARY_FIELDS}
+    out.update({k: v for k, v in summary.items() if PERCENTILE_KEY.match(k)})
     for k, v in out.items():
         if isinstance(v, float) and math.isnan(v):
             out[k] = None
@@ -178,9 +184,10 @@ def with_rate(table: dict, rate: float, min_window_s: float = 0.0) -> dict:
 
 @dataclass
 class Search:
-    """One goodput search: a base config table (without rate), its integer rates, and the SLO
-    the goodput criterion uses (may differ from the table's, for SLO-scale studies of static
-    schemes, whose runs do not depend on the SLO)."""
+    """One goodput search: a base config table (without rate), its sweep rates, and the SLO
+    the goodput criterion uses (may differ from the table's thresholds, for SLO-scale studies
+    of static schemes, whose runs do not depend on the SLO; its percentiles must be the
+    table's, whose summaries hold them). `slo` wins over `ttft_ms`/`tpot_ms` (P90/P90)."""
 
     label: dict
     table: dict
@@ -192,9 +199,15 @@ class Search:
     hi: float = math.inf
     flag: str = ""
     min_window_s: float | None = None  # None: the sweep's window at its highest rate (see `window_s`)
+    slo: SLO | None = None
+
+    def __post_init__(self) -> None:
+        if self.slo is None:
+            self.slo = SLO(ttft_ms=self.ttft_ms, tpot_ms=self.tpot_ms)
+        self.ttft_ms, self.tpot_ms = self.slo.ttft_ms, self.slo.tpot_ms
 
     def passes(self, rate: float) -> bool:
-        return meets_slo(self.results[rate], self.ttft_ms, self.tpot_ms)
+        return meets_slo(self.results[rate], self.slo)
 
     @property
     def window_s(self) -> float:
@@ -252,7 +265,10 @@ def goodput_searches(runner: Runner, searches: list[Search], tol: float = 0.05, 
         nxt = [min(max_rate, float(max(math.ceil(max(s.results) * 1.5), max(s.results) + 1))) for s in open_]
         _probe(runner, list(zip(open_, nxt)), f"{desc}: extend", fail_flag="extended beyond the sweep range")
     while True:
-        active = [s for s in searches if s.hi - s.lo > tol + 1e-9 and math.isfinite(s.hi)]
+        # NOTE: below 1 req/s an absolute tolerance is coarse: once a rate passes, refine to
+        # 10% of the bracket too (0.25 req/s found as 0.25, not 0.2).
+        active = [s for s in searches if math.isfinite(s.hi)
+                  and s.hi - s.lo > (min(tol, 0.1 * s.hi) if s.lo > 0 else tol) + 1e-9]
         if not active:
             break
         _probe(runner, [(s, round((s.lo + s.hi) / 2, 6)) for s in active], f"{desc}: bisect")
@@ -262,13 +278,36 @@ def goodput_searches(runner: Runner, searches: list[Search], tol: float = 0.05, 
     return out
 
 
+def parse_rates(text: str, flag: str = "--rates") -> list[float]:
+    """`LO:HI` or `LO:HI:STEP` (req/s, fractions allowed) -> the sweep rates LO, LO + STEP, ...
+    up to HI inclusive. STEP defaults to min(1, LO): 1:10 is 1..10, 0.25:4 is 0.25, 0.5, ..., 4."""
+    hint = f"{flag} {text!r}: expected LO:HI or LO:HI:STEP in req/s, e.g. 1:10 or 0.25:4 or 0.5:4:0.5"
+    parts = text.split(":")
+    if len(parts) not in (2, 3):
+        raise ConfigError(hint)
+    try:
+        vals = [float(p) for p in parts]
+    except ValueError:
+        raise ConfigError(hint) from None
+    lo, hi = vals[0], vals[1]
+    step = vals[2] if len(vals) == 3 else min(1.0, lo)
+    if not (math.isfinite(lo) and math.isfinite(hi) and 0 < lo <= hi):
+        raise ConfigError(f"{flag} {text!r}: need 0 < LO <= HI")
+    if not (math.isfinite(step) and step > 0):
+        raise ConfigError(f"{flag} {text!r}: STEP must be > 0")
+    n = int(math.floor((hi - lo) / step + 1e-9))
+    if n > 1000:
+        raise ConfigError(f"{flag} {text!r}: {n + 1} rates; use a larger STEP (at most 1001 rates)")
+    return [round(lo + i * step, 6) for i in range(n + 1)]
+
+
 def _probe(runner: Runner, probes: list[tuple[Search, float]], desc: str, fail_flag: str = "") -> None:
     """Run one rate per search in one parallel batch; a pass raises the search's lower bound,
     a failure lowers its upper bound (and sets `fail_flag`, if given)."""
     res = runner.run([s.at(r) for s, r in probes], desc=desc)
     for (s, r), out in zip(probes, res):
         s.results[r] = out
-        if meets_slo(out, s.ttft_ms, s.tpot_ms):
+        if meets_slo(out, s.slo):
             s.lo = r
         else:
             s.hi = r
@@ -296,7 +335,7 @@ def per_rate_rows(searches: Iterable[Search]) -> list[dict]:
         for rate in sorted(s.results):
             r = s.results[rate]
             rows.append({**s.label, "rate_rps": rate, "integer_rate": rate in s.rates,
-                         "meets_slo": meets_slo(r, s.ttft_ms, s.tpot_ms), **r})
+                         **r, "meets_slo": meets_slo(r, s.slo)})
     return rows
 
 

@@ -20,6 +20,7 @@ from simpy.events import NORMAL
 from sim.engine.scheduler import INIT_NEW_TOKEN_RATIO, RunFailed, Scheduler
 from sim.engine.state import Req
 from sim.engine.view import BatchInfo, SchedulerView
+from sim.slo import need_over
 
 ITER_COLUMNS = (
     "iteration", "slot", "start_s", "end_s", "mode", "num_tokens", "prefill_tokens", "num_prefill",
@@ -69,29 +70,36 @@ class Inbox:
 
 
 class SLOGuard:
-    """Trips when P90 TTFT or P90 TPOT over the whole run is certain to exceed its SLO.
+    """Trips when a percentile the SLO names (TTFT, TPOT, and E2E if set; P90 by default) over
+    the whole run is certain to exceed its threshold.
 
     A request certainly misses its TTFT once it has waited longer than the SLO without a first
-    token, and its TPOT once (now - first token) / (output - 1) exceeds the SLO (TPOT only
-    grows while it decodes). numpy's P90 of n values exceeds x once at least
-    n - floor(0.9 (n - 1)) of them do."""
+    token, its TPOT once (now - first token) / (output - 1) exceeds the SLO (TPOT only grows
+    while it decodes), and its E2E once it has been in the system longer than the SLO.
+    numpy's q-th percentile of n values exceeds x once n - floor((n - 1) q / 100) of them do
+    (`sim.slo.need_over`)."""
 
     CHECK_EVERY = 128
 
-    def __init__(self, requests: list[Req], ttft_s: float, tpot_s: float) -> None:
+    def __init__(self, requests: list[Req], ttft_s: float, tpot_s: float, ttft_percentile: float = 90.0,
+                 tpot_percentile: float = 90.0, e2e_s: float | None = None, e2e_percentile: float = 90.0) -> None:
         self.requests = requests
         self.ttft_s = ttft_s
         self.tpot_s = tpot_s
+        self.e2e_s = e2e_s
+        self.percentiles = (ttft_percentile, tpot_percentile, e2e_percentile)
         self.reason = ""
         n = len(requests)
         m = sum(1 for r in requests if r.max_new > 1)
-        self.need_ttft = n - int(0.9 * (n - 1)) if n else 1
-        self.need_tpot = m - int(0.9 * (m - 1)) if m else 1
+        self.need_ttft = need_over(n, ttft_percentile)
+        self.need_tpot = need_over(m, tpot_percentile)
+        self.need_e2e = need_over(n, e2e_percentile)
 
     def check(self, now: float) -> bool:
         if self.reason:
             return True
-        bad_ttft = bad_tpot = 0
+        bad_ttft = bad_tpot = bad_e2e = 0
+        e2e_s = self.e2e_s
         for r in self.requests:
             if r.arrival_s > now:
                 break
@@ -102,10 +110,18 @@ class SLOGuard:
                 end = r.finish_s if r.finish_s is not None else now
                 if (end - first) / (r.max_new - 1) > self.tpot_s:
                     bad_tpot += 1
+            if e2e_s is not None and (now if r.finish_s is None else r.finish_s) - r.arrival_s > e2e_s:
+                bad_e2e += 1
+        q_ttft, q_tpot, q_e2e = self.percentiles
         if bad_ttft >= self.need_ttft:
-            self.reason = f"stopped at t={now:.2f}s: P90 TTFT is certain to exceed the SLO ({bad_ttft} requests over it)"
+            self.reason = (f"stopped at t={now:.2f}s: P{q_ttft:g} TTFT is certain to exceed the SLO "
+                           f"({bad_ttft} requests over it)")
         elif bad_tpot >= self.need_tpot:
-            self.reason = f"stopped at t={now:.2f}s: P90 TPOT is certain to exceed the SLO ({bad_tpot} requests over it)"
+            self.reason = (f"stopped at t={now:.2f}s: P{q_tpot:g} TPOT is certain to exceed the SLO "
+                           f"({bad_tpot} requests over it)")
+        elif e2e_s is not None and bad_e2e >= self.need_e2e:
+            self.reason = (f"stopped at t={now:.2f}s: P{q_e2e:g} E2E is certain to exceed the SLO "
+                           f"({bad_e2e} requests over it)")
         return bool(self.reason)
 
 

@@ -107,7 +107,10 @@ def run(cfg: RunConfig, requests: list[RequestSpec] | None = None) -> RunResult:
     reqs = [Req(r.req_id, r.arrival_s, r.prompt_tokens, r.output_tokens, max_input, max_req_len) for r in requests]
     env = simpy.Environment()
     n = cfg.parallel.replicas
-    guard = SLOGuard(reqs, cfg.slo.ttft_ms / 1e3, cfg.slo.tpot_ms / 1e3) if cfg.slo.stop_when_violated else None
+    slo, guard = cfg.slo, None
+    if slo.stop_when_violated:
+        guard = SLOGuard(reqs, slo.ttft_ms / 1e3, slo.tpot_ms / 1e3, slo.ttft_percentile, slo.tpot_percentile,
+                         None if slo.e2e_ms is None else slo.e2e_ms / 1e3, slo.e2e_percentile)
     pipes = []
     for i in range(n):
         policy, rebalancer = build_policies()
