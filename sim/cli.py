@@ -34,7 +34,11 @@ PLUGIN_COMMANDS = (
     ("sim.report", "add_report_commands"),
     ("sim.plan", "add_plan_commands"),
     ("sim.fidelity", "add_fidelity_commands"),
+    ("sim.gate_cli", "add_gate_commands"),
 )
+
+# Commands that take --plugin FILE_OR_MODULE (repeatable) and --debug.
+SIMULATING_COMMANDS = ("run", "list", "goodput", "reproduce", "plan", "gate", "validate", "fidelity")
 
 SUMMARY_KEYS = (
     "status", "num_requests", "num_finished", "p50_ttft_ms", "p90_ttft_ms", "p99_ttft_ms", "p50_tpot_ms",
@@ -62,11 +66,12 @@ def _jsonable(obj):
 
 def cmd_run(args) -> int:
     from sim import tomlio
-    from sim.config import load_config
+    from sim.config import config_from_table, load_table
     from sim.engine.run import run
     from sim.metrics import iterations_frame, requests_frame, summarize
+    from sim.plugins import add_to_table
 
-    cfg = load_config(args.config, args.set)
+    cfg = config_from_table(add_to_table(load_table(args.config, args.set), args.plugin), args.config)
     result = run(cfg)
     req_df = requests_frame(result)
     it_df = iterations_frame(result)
@@ -116,14 +121,22 @@ def cmd_list(args) -> int:
     profiles = sorted(str(p.parent.relative_to(REPO_ROOT)) for p in (REPO_ROOT / "profiles").glob("*/*/tp*/meta.toml"))
     print("profiles:\n  " + "\n  ".join(profiles or ["(none)"]))
     print("workloads:\n  " + "\n  ".join(available_workloads() or ["(none)"]))
-    print("chunk policies:\n  " + "\n  ".join(chunk_policies.names()))
-    print("rebalancers:\n  " + "\n  ".join(rebalancers.names() or ["(none yet)"]))
+    width = max(len(n) for n in chunk_policies.names() + rebalancers.names())
+    for title, reg in (("chunk policies", chunk_policies), ("rebalancers", rebalancers)):
+        print(f"{title}:\n  " + "\n  ".join(f"{n:<{width}}  ({reg.origin(n)})" for n in reg.names()))
     from experiments import EXPERIMENT_IDS
     from sim.schemes import SCHEMES
 
     print("schemes:\n  " + "\n  ".join(SCHEMES))
     print("experiments (ppsim reproduce ID):\n  " + "\n  ".join(EXPERIMENT_IDS))
     return 0
+
+
+def _one_line(exc: BaseException) -> str:
+    # Ray re-raises a worker's error as RayTaskError(OriginalType), whose text is a traceback.
+    cause = getattr(exc, "cause", None)
+    text = str(cause if isinstance(cause, PipeSimError) else exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -158,6 +171,11 @@ def build_parser() -> argparse.ArgumentParser:
                 raise
             continue
         getattr(mod, func)(sub)
+    from sim.plugins import add_arguments
+
+    for name in SIMULATING_COMMANDS:
+        if name in sub.choices:
+            add_arguments(sub.choices[name])
     return parser
 
 
@@ -168,9 +186,18 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as exc:  # argparse already printed a one-line usage error
         return int(exc.code or 0)
     try:
+        if hasattr(args, "plugin"):
+            from sim.plugins import load_all, normalize
+
+            args.plugin = [normalize(p) for p in args.plugin]
+            load_all(args.plugin)
         return int(args.func(args) or 0)
     except PipeSimError as exc:
-        print(f"ppsim: error: {exc}", file=sys.stderr)
+        if getattr(args, "debug", False):
+            import traceback
+
+            traceback.print_exc()
+        print(f"ppsim: error: {_one_line(exc)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("ppsim: interrupted", file=sys.stderr)

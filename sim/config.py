@@ -12,6 +12,7 @@ allowed). `--set a.b=value` overrides parse `value` as a TOML value.
     [latency]   kind = "profile" | "constant", profile = "<dir>", noise_cv, stage_ms, overhead_ms
     [slo]       ttft_ms, tpot_ms
     [workload]  name = "<file in workloads/>" and overrides, or an inline kind (sim.workloads)
+    [plugins]   modules = ["my_policy.py", "my_pkg.policies"]   (user plug-ins, sim.plugins)
 """
 
 from __future__ import annotations
@@ -113,6 +114,14 @@ class SLOConfig:
 
 
 @dataclass(frozen=True)
+class PluginsConfig:
+    """User plug-ins to import before the run: `.py` files (relative paths are resolved
+    against the config file when it is loaded) or importable module names."""
+
+    modules: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class RunConfig:
     seed: int = 1
     horizon_s: float = 0.0
@@ -121,6 +130,7 @@ class RunConfig:
     latency: LatencyConfig = field(default_factory=LatencyConfig)
     slo: SLOConfig = field(default_factory=SLOConfig)
     workload: Mapping[str, Any] = field(default_factory=dict)
+    plugins: PluginsConfig = field(default_factory=PluginsConfig)
 
     def validate(self, where: str) -> None:
         if self.horizon_s < 0:
@@ -155,6 +165,10 @@ def _convert(value: Any, tp: Any, where: str, key: str) -> Any:
         if not isinstance(value, Mapping):
             raise ConfigError(f"{where}: [{key}] must be a table, got {value!r}")
         return _from_table(tp, value, where, key)
+    if origin is tuple:
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{where}: {key} must be an array, got {value!r}")
+        return tuple(_convert(v, typing.get_args(tp)[0], where, key) for v in value)
     if tp is Mapping[str, Any] or origin in (Mapping, dict, typing.Mapping):
         if not isinstance(value, Mapping):
             raise ConfigError(f"{where}: {key} must be a table, got {value!r}")
@@ -234,6 +248,8 @@ def load_config(path: str | Path, overrides: list[str] | None = None) -> RunConf
 
 def load_table(path: str | Path, overrides: list[str] | None = None) -> dict[str, Any]:
     """The config file's table with `--set` overrides applied (not yet validated)."""
+    from sim.plugins import resolve_table_paths
     from sim.tomlio import read_toml
 
-    return apply_overrides(read_toml(path, ConfigError, "config file not found"), overrides or [])
+    table = resolve_table_paths(read_toml(path, ConfigError, "config file not found"), Path(path).parent, str(path))
+    return apply_overrides(table, overrides or [])

@@ -88,7 +88,9 @@ def cmd_goodput(args) -> int:
         raise ConfigError(f"--rates {args.rates!r}: expected LO:HI integers, e.g. 1:10") from None
     if not 0 < lo <= hi:
         raise ConfigError(f"--rates {args.rates!r}: need 0 < LO <= HI")
-    base = load_table(args.config, args.set)
+    from sim.plugins import add_to_table
+
+    base = add_to_table(load_table(args.config, args.set), args.plugin)  # carried to the workers
     cfg = config_from_table(base, args.config)  # validates the config and the overrides
     out = Path(args.out) if args.out else None
     runner = Runner(out / "cache.jsonl" if out else None, jobs=args.jobs, executor=args.executor,
