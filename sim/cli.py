@@ -43,7 +43,11 @@ PLUGIN_COMMANDS = (
     ("sim.plan", "add_plan_commands"),
     ("sim.fidelity", "add_fidelity_commands"),
     ("sim.compare", "add_compare_commands"),
+    ("sim.gate_cli", "add_gate_commands"),
 )
+
+# Commands that take --plugin FILE_OR_MODULE (repeatable) and --debug.
+SIMULATING_COMMANDS = ("run", "list", "goodput", "reproduce", "plan", "gate", "validate", "fidelity")
 
 SUMMARY_KEYS = (
     "status", "num_requests", "num_finished", "p50_ttft_ms", "p90_ttft_ms", "p99_ttft_ms", "p50_tpot_ms",
@@ -77,6 +81,7 @@ def cmd_run(args) -> int:
     from sim.engine.run import run
     from sim.metrics import iterations_frame, requests_frame, summarize
     from sim.outdir import prepare_out
+    from sim.plugins import add_to_table
     from sim.workloads import build_workload
 
     table = load_table(args.config)
@@ -96,7 +101,7 @@ def cmd_run(args) -> int:
         # A rate given for a trace means Poisson arrivals over its rows (a ShareGPT file has no times).
         if not any(o.strip().startswith("workload.arrivals") for o in args.set):
             table["workload"]["arrivals"] = "poisson"
-    cfg = config_from_table(table, args.config)
+    cfg = config_from_table(add_to_table(table, args.plugin), args.config)
     out = Path(args.out)
     prepare_out(out, args.force)
     requests = build_workload(cfg.workload, seed=cfg.seed)
@@ -156,8 +161,9 @@ def cmd_list(args) -> int:
     profiles = sorted(str(p.parent.relative_to(REPO_ROOT)) for p in (REPO_ROOT / "profiles").glob("*/*/tp*/meta.toml"))
     print("profiles:\n  " + "\n  ".join(profiles or ["(none)"]))
     print("workloads:\n  " + "\n  ".join(available_workloads() or ["(none)"]))
-    print("chunk policies:\n  " + "\n  ".join(chunk_policies.names()))
-    print("rebalancers:\n  " + "\n  ".join(rebalancers.names() or ["(none yet)"]))
+    width = max(len(n) for n in chunk_policies.names() + rebalancers.names())
+    for title, reg in (("chunk policies", chunk_policies), ("rebalancers", rebalancers)):
+        print(f"{title}:\n  " + "\n  ".join(f"{n:<{width}}  ({reg.origin(n)})" for n in reg.names()))
     from experiments import EXPERIMENT_IDS
     from sim.schemes import SCHEMES
 
@@ -171,6 +177,13 @@ class OneLineParser(argparse.ArgumentParser):
 
     def error(self, message: str):
         self.exit(2, f"{self.prog}: error: {message} (see '{self.prog} --help')\n")
+
+
+def _one_line(exc: BaseException) -> str:
+    # Ray re-raises a worker's error as RayTaskError(OriginalType), whose text is a traceback.
+    cause = getattr(exc, "cause", None)
+    text = str(cause if isinstance(cause, PipeSimError) else exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -211,6 +224,11 @@ def build_parser() -> argparse.ArgumentParser:
                 raise
             continue
         getattr(mod, func)(sub)
+    from sim.plugins import add_arguments
+
+    for name in SIMULATING_COMMANDS:
+        if name in sub.choices:
+            add_arguments(sub.choices[name])
     return parser
 
 
@@ -231,13 +249,22 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as exc:  # argparse already printed a one-line usage error
         return int(exc.code or 0)
     try:
+        if hasattr(args, "plugin"):
+            from sim.plugins import load_all, normalize
+
+            args.plugin = [normalize(p) for p in args.plugin]
+            load_all(args.plugin)
         code = int(args.func(args) or 0)
         sys.stdout.flush()  # inside the try: a reader that left shows up here, not at exit
         return code
     except PipeSimError as exc:
+        if getattr(args, "debug", False):
+            import traceback
+
+            traceback.print_exc()
         from sim.config import attribute_to_override
 
-        msg = attribute_to_override(str(exc), getattr(args, "set", None) or [])
+        msg = attribute_to_override(_one_line(exc), getattr(args, "set", None) or [])
         print(f"ppsim: error: {' '.join(msg.split())}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -15,6 +15,7 @@ allowed). `--set a.b=value` overrides parse `value` as a TOML value.
                 stop_when_violated (sim.slo)
     [server]    on_kv_exhausted = "exit" | "retract"
     [workload]  name = "<file in workloads/>" and overrides, or an inline kind (sim.workloads)
+    [plugins]   modules = ["my_policy.py", "my_pkg.policies"]   (user plug-ins, sim.plugins)
 """
 
 from __future__ import annotations
@@ -133,6 +134,14 @@ class ServerConfig:
 
 
 @dataclass(frozen=True)
+class PluginsConfig:
+    """User plug-ins to import before the run: `.py` files (relative paths are resolved
+    against the config file when it is loaded) or importable module names."""
+
+    modules: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class RunConfig:
     seed: int = 1
     horizon_s: float = 0.0
@@ -142,6 +151,7 @@ class RunConfig:
     slo: SLOConfig = field(default_factory=SLOConfig)
     server: ServerConfig = field(default_factory=ServerConfig)
     workload: Mapping[str, Any] = field(default_factory=dict)
+    plugins: PluginsConfig = field(default_factory=PluginsConfig)
 
     def validate(self, where: str) -> None:
         if self.horizon_s < 0:
@@ -178,6 +188,10 @@ def _convert(value: Any, tp: Any, where: str, key: str) -> Any:
         if not isinstance(value, Mapping):
             raise ConfigError(f"{where}: [{key}] must be a table, got {value!r}")
         return _from_table(tp, value, where, key)
+    if origin is tuple:
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{where}: {key} must be an array, got {value!r}")
+        return tuple(_convert(v, typing.get_args(tp)[0], where, key) for v in value)
     if tp is Mapping[str, Any] or origin in (Mapping, dict, typing.Mapping):
         if not isinstance(value, Mapping):
             raise ConfigError(f"{where}: {key} must be a table, got {value!r}")
@@ -284,6 +298,8 @@ def load_config(path: str | Path, overrides: list[str] | None = None) -> RunConf
 
 def load_table(path: str | Path, overrides: list[str] | None = None) -> dict[str, Any]:
     """The config file's table with `--set` overrides applied (not yet validated)."""
+    from sim.plugins import resolve_table_paths
     from sim.tomlio import read_toml
 
-    return apply_overrides(read_toml(path, ConfigError, "config file not found"), overrides or [])
+    table = resolve_table_paths(read_toml(path, ConfigError, "config file not found"), Path(path).parent, str(path))
+    return apply_overrides(table, overrides or [])

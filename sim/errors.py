@@ -14,3 +14,8 @@ class ConfigError(PipeSimError):
 
 class DataError(PipeSimError):
     """A data file (trace, profile table) is missing or malformed."""
+
+
+class PluginError(PipeSimError):
+    """A user plug-in (chunk policy, rebalancer) failed to load, broke a rule of the plug-in
+    API, or raised during a run; the message names the plug-in and the rule."""

@@ -105,6 +105,9 @@ def cmd_goodput(args) -> int:
         raise ConfigError(f"--tol must be > 0 (req/s), got {args.tol}")
     if args.seeds < 1:
         raise ConfigError(f"--seeds must be >= 1, got {args.seeds}")
+    from sim.plugins import add_to_table
+
+    base = add_to_table(base, args.plugin)  # carried to the workers
     cfg = config_from_table(base, args.config)  # validates the config and the overrides
     from sim.context import describe, format_header
 

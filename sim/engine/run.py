@@ -18,7 +18,8 @@ from sim.latency.base import latency_models
 from sim.latency.constant import ConstantLatencyModel  # noqa: F401  (registers "constant")
 from sim.latency.profiled import Profile, ProfiledLatencyModel
 from sim.latency.base import BatchStats
-from sim.policies import PolicyContext, chunk_policies, rebalancers
+from sim.plugins import build_chunk_policy, build_rebalancer, load_all as load_plugins
+from sim.policies import PolicyContext
 from sim.workloads import RequestSpec, build_workload
 
 
@@ -77,6 +78,7 @@ def pool_sizes(cfg: RunConfig, latency) -> tuple[int, int, int, int]:
 
 def run(cfg: RunConfig, requests: list[RequestSpec] | None = None) -> RunResult:
     """Simulate one run. `requests` overrides the config's workload (used by sweeps)."""
+    load_plugins(cfg.plugins.modules)  # idempotent; this is how worker processes get them
     if requests is None:
         requests = build_workload(cfg.workload, seed=cfg.seed)
     latency = build_latency(cfg)
@@ -89,6 +91,7 @@ def run(cfg: RunConfig, requests: list[RequestSpec] | None = None) -> RunResult:
         num_stages=cfg.parallel.pp, slo_ttft_s=cfg.slo.ttft_ms / 1e3, slo_tpot_s=cfg.slo.tpot_ms / 1e3,
         launch_chunk_tokens=sc.chunk_size_tokens, kv_capacity_tokens=kv,
         startup_profile=lambda c: startup_profile(latency, c, kv, max_req_len, noise=startup_noise),
+        context_length_tokens=sc.context_length_tokens,
     )
     params = dict(sc.chunk_policy.params)
     if sc.chunk_policy.name == "static":
@@ -96,12 +99,11 @@ def run(cfg: RunConfig, requests: list[RequestSpec] | None = None) -> RunResult:
 
     def build_policies():
         """A fresh chunk controller (and rebalancer): every replica runs its own instances."""
-        policy = chunk_policies.build(sc.chunk_policy.name, where="config [scheduler.chunk_policy]",
-                                      context=context, **params)
+        policy = build_chunk_policy(sc.chunk_policy.name, params, context, "config [scheduler.chunk_policy]")
         rebalancer = None
         if sc.rebalancer is not None:
-            rebalancer = rebalancers.build(sc.rebalancer.name, where="config [scheduler.rebalancer]",
-                                           context=context, **dict(sc.rebalancer.params))
+            rebalancer = build_rebalancer(sc.rebalancer.name, dict(sc.rebalancer.params), context,
+                                          "config [scheduler.rebalancer]")
         return policy, rebalancer
 
     reqs = [Req(r.req_id, r.arrival_s, r.prompt_tokens, r.output_tokens, max_input, max_req_len) for r in requests]

@@ -17,6 +17,10 @@ they need (cursors into the sample logs, restore values, RLS state) is their own
   merged and before prefill admission; it returns the requests to pause or resume, in order.
 
 Factories are called as `factory(context=PolicyContext, **params)`.
+
+This module, `SchedulerView`'s public members (`sim/engine/view.py`) and the registries'
+`register(name)` are the public plug-in API, documented in `API.md`; `API_VERSION` changes
+whenever any of them changes in a way a plug-in could notice.
 """
 
 from __future__ import annotations
@@ -25,6 +29,9 @@ from dataclasses import dataclass
 from typing import Callable, Protocol
 
 from sim.registry import Registry
+
+# 1: the first published API (Protocols, PolicyContext with context_length_tokens, view fields).
+API_VERSION = 1
 
 
 @dataclass(frozen=True)
@@ -39,6 +46,7 @@ class PolicyContext:
     launch_chunk_tokens: int
     kv_capacity_tokens: int
     startup_profile: Callable[[int], float] | None = None
+    context_length_tokens: int = 16384  # a chunk must lie in [1, context_length_tokens]
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,5 +81,5 @@ class Rebalancer(Protocol):
         """Requests to move between the current slot's running batch and the pending list."""
 
 
-chunk_policies: Registry = Registry("chunk policy")
-rebalancers: Registry = Registry("rebalancer")
+chunk_policies: Registry = Registry("chunk policy", required=("initial_chunk", "decide"))
+rebalancers: Registry = Registry("rebalancer", required=("rebalance",))
