@@ -61,11 +61,23 @@ estimate), all_reduce.csv / send_recv.csv (optional; or in --network). CONFIG is
   intermediate_size = 13824
   [profile]          # optional: gpu, model (the id)
   [memory]           # optional: gpu_mem_gib, m_init_gib (default A100-80GB)
+  [overhead]         # optional: terms Vidur does not simulate, added on top of the measured layers
+  cpu_ms = 2.0       #   per iteration, scheduler CPU time on the critical path (default 2.0, assumed)
+  lm_head_ms = 1.0   #   last stage, per iteration, split over TP (default 1.0, assumed)
+  embedding_ms = 0.1 #   first stage (default 0.1, assumed)
+  sample_ms = 0.2    #   last stage (default 0.2, assumed)
+  broadcast_us = 30  #   token-id broadcast per iteration when PP > 1 (default 30, assumed)
+
+Every overhead term is printed with its value and status (default / user-supplied / off).
+--overhead key=value overrides one term (repeatable); --no-overheads sets all five to 0 for a
+like-for-like comparison with Vidur (then --overhead can add single terms back).
 
 examples:
   ppsim profile import-vidur ../shared/data/vidur-profiles/compute/a100/internlm/internlm-20b \\
       --network ../shared/data/vidur-profiles/network/a100_dgx --model internlm20b.toml --out /tmp/ilm
   ppsim profile import-vidur my-vidur-run/ --model llama.toml --out profiles/h100/llama/tp1
+  ppsim profile import-vidur my-vidur-run/ --model llama.toml --out /tmp/v --no-overheads
+  ppsim profile import-vidur my-vidur-run/ --model llama.toml --out /tmp/v --overhead cpu_ms=0 --overhead sample_ms=0.1
 """
 
 EPILOG_COLLECT = """Times one layer's GEMMs over a token grid, prefill/decode attention with PyTorch SDPA
@@ -215,7 +227,10 @@ def cmd_plot(args) -> int:
 def cmd_import_vidur(args) -> int:
     from sim.latency.vidur_import import import_vidur
 
-    _, report = import_vidur(args.dir, args.model, args.out, network=args.network)
+    from sim.latency.vidur_import import parse_overrides
+
+    _, report = import_vidur(args.dir, args.model, args.out, network=args.network,
+                             overrides=parse_overrides(args.overhead), no_overheads=args.no_overheads)
     print("\n".join(report))
     return 0
 
@@ -321,6 +336,10 @@ def add_profile_commands(subparsers) -> None:
     p.add_argument("--model", required=True, metavar="CONFIG", help="model TOML ([model] of FORMAT.md + tp)")
     p.add_argument("--network", default=None, metavar="NETDIR", help="folder with all_reduce.csv/send_recv.csv")
     p.add_argument("--out", required=True, help="profile directory to write")
+    p.add_argument("--overhead", action="append", default=[], metavar="KEY=VALUE",
+                   help="set one [overhead] term (cpu_ms, lm_head_ms, embedding_ms, sample_ms, broadcast_us); "
+                   "repeatable")
+    p.add_argument("--no-overheads", action="store_true", help="set every [overhead] term to 0 (Vidur has none)")
     p.set_defaults(func=cmd_import_vidur)
 
     p = sub.add_parser("build", help="build a profile for any dense model on a GPU from shipped kernel data",
