@@ -115,6 +115,10 @@ def cmd_list(args) -> int:
 
     profiles = sorted(str(p.parent.relative_to(REPO_ROOT)) for p in (REPO_ROOT / "profiles").glob("*/*/tp*/meta.toml"))
     print("profiles:\n  " + "\n  ".join(profiles or ["(none)"]))
+    from sim.latency.library import built_profile_lines
+
+    print("built profiles (ppsim profile build --all; any other model/GPU/TP is built on demand):\n  "
+          + "\n  ".join(built_profile_lines() or ["(none)"]))
     print("workloads:\n  " + "\n  ".join(available_workloads() or ["(none)"]))
     print("chunk policies:\n  " + "\n  ".join(chunk_policies.names()))
     print("rebalancers:\n  " + "\n  ".join(rebalancers.names() or ["(none yet)"]))

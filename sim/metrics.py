@@ -163,4 +163,7 @@ def summarize(result, req_df: pd.DataFrame | None = None, it_df: pd.DataFrame | 
     out["max_running_requests"] = result.max_running_requests
     out["num_chunk_decisions"] = len(result.decisions)
     out["num_rebalancer_moves"] = len(result.moves)
+    from sim.latency.provenance import profile_source
+
+    out["profile_source"] = profile_source(result.config)
     return out

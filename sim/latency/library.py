@@ -57,3 +57,17 @@ def resolve_profile(model: str, gpu: str, tp: int, interconnect: str | None) -> 
 def check_weights(model: str, gpu: str, tp: int, pp: int) -> None:
     """One-line DataError when `model`'s weights do not fit `gpu` at TP x PP."""
     check_weights_fit(load_model(model), load_gpu(gpu), tp, pp)
+
+
+def built_profile_lines(root: Path = BUILT_DIR, repo: Path = PROFILES.parent) -> list[str]:
+    """One line per built <gpu>/<model> folder with its TP degrees, e.g. profiles/built/h100-sxm-80gb/
+    llama-3.1-8b/tp{1,2,4,8} (attention scaled)."""
+    groups: dict[Path, list[int]] = {}
+    for meta in sorted(root.glob("*/*/tp*/meta.toml")):
+        groups.setdefault(meta.parent.parent, []).append(int(meta.parent.name[2:]))
+    lines = []
+    for mdir, tps in sorted(groups.items()):
+        rel = mdir.relative_to(repo) if mdir.is_relative_to(repo) else mdir
+        scaled = "attention = \"scaled\"" in (mdir / f"tp{min(tps)}" / "meta.toml").read_text()
+        lines.append(f"{rel}/tp{{{','.join(str(t) for t in sorted(tps))}}}" + (" (attention scaled)" if scaled else ""))
+    return lines
