@@ -160,6 +160,10 @@ def cmd_list(args) -> int:
 
     profiles = sorted(str(p.parent.relative_to(REPO_ROOT)) for p in (REPO_ROOT / "profiles").glob("*/*/tp*/meta.toml"))
     print("profiles:\n  " + "\n  ".join(profiles or ["(none)"]))
+    from sim.latency.library import built_profile_lines
+
+    print("built profiles (ppsim profile build --all; any other model/GPU/TP is built on demand):\n  "
+          + "\n  ".join(built_profile_lines() or ["(none)"]))
     print("workloads:\n  " + "\n  ".join(available_workloads() or ["(none)"]))
     width = max(len(n) for n in chunk_policies.names() + rebalancers.names())
     for title, reg in (("chunk policies", chunk_policies), ("rebalancers", rebalancers)):

@@ -215,4 +215,7 @@ def summarize(result, req_df: pd.DataFrame | None = None, it_df: pd.DataFrame | 
     done = set(fin["req_id"])
     itls = pooled_itls_ms(r.itls for r in result.requests if r.rid in done)
     out.update(bench_metrics(arrived, itls, duration, slo.ttft_ms, slo.tpot_ms))
+    from sim.latency.provenance import profile_source
+
+    out["profile_source"] = profile_source(result.config)
     return out

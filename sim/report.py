@@ -98,6 +98,8 @@ def make_report(run_dir: str | Path) -> tuple[Path, Path]:
     lines += [f"| {k} | {_fmt(summary.get(k))} |" for k in keys if k in summary]
     if summary.get("reason"):
         lines.append(f"| reason | {summary['reason']} |")
+    if summary.get("profile_source"):
+        lines.append(f"| latency profile | {summary['profile_source']} |")
     lines += ["", "## Latency (ms)", "", "| metric | mean | P50 | P90 | P99 |", "|---|---|---|---|---|"]
     for m in ("ttft", "tpot", "e2e", "iter"):
         lines.append(f"| {m} | " + " | ".join(_fmt(summary.get(f"{s}_{m}_ms")) for s in ("mean", "p50", "p90", "p99")) + " |")

@@ -1,4 +1,4 @@
-"""The `profile` command group: show, plot, import-vidur, collect.
+"""The `profile` command group: show, plot, build, import-vidur, collect.
 
 `add_profile_commands(subparsers)` plugs the group into the main `ppsim` parser; each handler
 raises `PipeSimError` for bad input (the main CLI prints it as one line and exits 2).
@@ -17,6 +17,7 @@ RAW = argparse.RawDescriptionHelpFormatter
 PROFILE = "profiles/a100-pcie-40gb/qwen2.5-32b/tp1"
 
 EPILOG_GROUP = f"""examples:
+  ppsim profile build --model llama-3.1-8b --gpu h100-sxm-80gb --tp 2 --out /tmp/l8
   ppsim profile show {PROFILE} --pp 4
   ppsim profile plot {PROFILE} --out plots/
   ppsim profile import-vidur vidur/compute/a100/internlm/internlm-20b --model internlm.toml --out profiles/x
@@ -60,11 +61,23 @@ estimate), all_reduce.csv / send_recv.csv (optional; or in --network). CONFIG is
   intermediate_size = 13824
   [profile]          # optional: gpu, model (the id)
   [memory]           # optional: gpu_mem_gib, m_init_gib (default A100-80GB)
+  [overhead]         # optional: terms Vidur does not simulate, added on top of the measured layers
+  cpu_ms = 2.0       #   per iteration, scheduler CPU time on the critical path (default 2.0, assumed)
+  lm_head_ms = 1.0   #   last stage, per iteration, split over TP (default 1.0, assumed)
+  embedding_ms = 0.1 #   first stage (default 0.1, assumed)
+  sample_ms = 0.2    #   last stage (default 0.2, assumed)
+  broadcast_us = 30  #   token-id broadcast per iteration when PP > 1 (default 30, assumed)
+
+Every overhead term is printed with its value and status (default / user-supplied / off).
+--overhead key=value overrides one term (repeatable); --no-overheads sets all five to 0 for a
+like-for-like comparison with Vidur (then --overhead can add single terms back).
 
 examples:
   ppsim profile import-vidur ../shared/data/vidur-profiles/compute/a100/internlm/internlm-20b \\
       --network ../shared/data/vidur-profiles/network/a100_dgx --model internlm20b.toml --out /tmp/ilm
   ppsim profile import-vidur my-vidur-run/ --model llama.toml --out profiles/h100/llama/tp1
+  ppsim profile import-vidur my-vidur-run/ --model llama.toml --out /tmp/v --no-overheads
+  ppsim profile import-vidur my-vidur-run/ --model llama.toml --out /tmp/v --overhead cpu_ms=0 --overhead sample_ms=0.1
 """
 
 EPILOG_COLLECT = """Times one layer's GEMMs over a token grid, prefill/decode attention with PyTorch SDPA
@@ -214,7 +227,10 @@ def cmd_plot(args) -> int:
 def cmd_import_vidur(args) -> int:
     from sim.latency.vidur_import import import_vidur
 
-    _, report = import_vidur(args.dir, args.model, args.out, network=args.network)
+    from sim.latency.vidur_import import parse_overrides
+
+    _, report = import_vidur(args.dir, args.model, args.out, network=args.network,
+                             overrides=parse_overrides(args.overhead), no_overheads=args.no_overheads)
     print("\n".join(report))
     return 0
 
@@ -223,6 +239,58 @@ def cmd_collect(args) -> int:
     from sim.latency.collect import collect
 
     collect(args.model, args.out, device=args.device, quick=args.quick)
+    return 0
+
+
+EPILOG_BUILD = """Builds a profile in the format of profiles/FORMAT.md from the kernel cost model of the GPU's
+kernel-data family (profiles/kernels/, fitted offline from Vidur's measured kernels by
+profiles/build_kernels.py), the model's architecture and the interconnect's alpha-beta model.
+Nothing is downloaded. meta.toml says source = "built", names the data files and records the fit
+errors; attention on GPUs without attention data of their own (h100, a40) is marked "scaled".
+
+models:        profiles/models/<name>.toml, or --model-config PATH (a Hugging Face config.json of a
+               dense Llama/Qwen/Mistral-style model; MoE and missing fields are refused)
+GPUs:          profiles/gpus/<name>.toml
+interconnects: profiles/interconnects/<name>.toml (default: the GPU's default_interconnect)
+
+--all writes profiles/built/<gpu>[-<ic>]/<model>/tp<T>/ for every shipped model x GPU x TP in
+{1, 2, 4, 8} that divides the heads and fits in memory on at most 8 GPUs.
+
+examples:
+  ppsim profile build --model qwen2.5-32b --gpu a100-pcie-40gb --tp 1 --out /tmp/q32
+  ppsim profile build --model-config my-model/config.json --gpu h100-sxm-80gb --tp 2 --out /tmp/mine
+  ppsim profile build --model llama-3.1-70b --gpu a40-48gb --interconnect pcie-p2p-disabled --tp 8 --out /tmp/l70
+  ppsim profile build --all
+"""
+
+
+def cmd_build(args) -> int:
+    from sim.latency.build import BUILT_DIR, build_all, build_profile, resolve_model
+    from sim.latency.specs import load_gpu, load_interconnect
+
+    if args.all:
+        if args.model or args.model_config or args.gpu or args.out:
+            raise PipeSimError("profile build --all: takes no --model/--model-config/--gpu/--out")
+        written = build_all(Path(args.root) if args.root else BUILT_DIR)
+        print(f"wrote {len(written)} profiles under {args.root or BUILT_DIR}")
+        return 0
+    for flag, val in (("--gpu", args.gpu), ("--out", args.out), ("--tp", args.tp)):
+        if val is None:
+            raise PipeSimError(f"profile build: {flag} is required (or --all)")
+    model = resolve_model(args.model, args.model_config)
+    if args.name:
+        from dataclasses import replace
+
+        model = replace(model, name=args.name)
+    gpu = load_gpu(args.gpu)
+    ic = load_interconnect(args.interconnect or gpu.default_interconnect)
+    prof = build_profile(model, gpu, ic, args.tp, args.out)
+    p = prof.meta["profile"]
+    print(f"wrote {args.out}: {model.name} on {gpu.display} ({ic.name}), TP{args.tp}; {p['data_source']}")
+    fe = prof.meta["fit_errors"]
+    print(f"  GEMMs measured: {', '.join(fe['gemm_measured_ops']) or 'none'}; predicted: "
+          f"{', '.join(fe['gemm_predicted_ops']) or 'none'} (leave-one-model-out error of the "
+          f"{p['kernel_data']} data: median {fe['gemm_loo_median_rel_err']:.1%}, P90 {fe['gemm_loo_p90_rel_err']:.1%})")
     return 0
 
 
@@ -268,7 +336,26 @@ def add_profile_commands(subparsers) -> None:
     p.add_argument("--model", required=True, metavar="CONFIG", help="model TOML ([model] of FORMAT.md + tp)")
     p.add_argument("--network", default=None, metavar="NETDIR", help="folder with all_reduce.csv/send_recv.csv")
     p.add_argument("--out", required=True, help="profile directory to write")
+    p.add_argument("--overhead", action="append", default=[], metavar="KEY=VALUE",
+                   help="set one [overhead] term (cpu_ms, lm_head_ms, embedding_ms, sample_ms, broadcast_us); "
+                   "repeatable")
+    p.add_argument("--no-overheads", action="store_true", help="set every [overhead] term to 0 (Vidur has none)")
     p.set_defaults(func=cmd_import_vidur)
+
+    p = sub.add_parser("build", help="build a profile for any dense model on a GPU from shipped kernel data",
+                       epilog=EPILOG_BUILD, formatter_class=RAW)
+    p.add_argument("--model", default=None, metavar="NAME", help="a model of profiles/models/")
+    p.add_argument("--model-config", default=None, metavar="PATH", help="a Hugging Face config.json (offline)")
+    p.add_argument("--name", default=None, help="model id written into meta.toml (default: NAME or the "
+                   "config.json's folder name)")
+    p.add_argument("--gpu", default=None, help="a GPU of profiles/gpus/")
+    p.add_argument("--interconnect", default=None, metavar="IC", help="an interconnect of "
+                   "profiles/interconnects/ (default: the GPU's)")
+    p.add_argument("--tp", type=_pp, default=None, help="tensor-parallel degree of the profile")
+    p.add_argument("--out", default=None, help="profile directory to write")
+    p.add_argument("--all", action="store_true", help="rebuild the shipped library profiles/built/")
+    p.add_argument("--root", default=None, help=argparse.SUPPRESS)
+    p.set_defaults(func=cmd_build)
 
     p = sub.add_parser("collect", help="measure a profile with PyTorch (optional extra 'profile')",
                        epilog=EPILOG_COLLECT, formatter_class=RAW)

@@ -21,6 +21,14 @@ import pandas as pd
 from sim import tomlio
 from sim.errors import DataError
 
+# Per-iteration and per-stage extras a profile adds on top of the measured layers (profiles/FORMAT.md
+# [overhead]); assumed values, not fitted to anything.
+DEFAULT_OVERHEAD = {"cpu_ms": 2.0, "lm_head_ms": 1.0, "embedding_ms": 0.1, "sample_ms": 0.2, "broadcast_us": 30}
+OVERHEAD_UNITS = {"cpu_ms": "ms per iteration, scheduler CPU on the critical path",
+                  "lm_head_ms": "ms per iteration on the last stage, split over TP",
+                  "embedding_ms": "ms on the first stage", "sample_ms": "ms on the last stage",
+                  "broadcast_us": "us per iteration, token-id broadcast when PP > 1"}
+
 MODEL_KEYS_INT = ("num_layers", "hidden_size", "num_q_heads", "num_kv_heads", "head_dim", "vocab_size")
 LAYER_COLS = ["qkv_proj", "o_proj", "gate_up_proj", "down_proj", "act", "rope", "rmsnorm_x2", "residual_add",
               "linear_ms", "layer_nonattn_ms"]
@@ -139,7 +147,7 @@ def _fmt(x: float) -> str:
 
 def write_profile(out: str | Path, *, cfg: dict, layer: pd.DataFrame, prefill: dict, decode: dict,
                   comm: pd.DataFrame | None, gpu: str, base_hardware: str, sources: list[str],
-                  derivation: dict, provenance: dict | None = None):
+                  derivation: dict, provenance: dict | None = None, overhead_status: dict | None = None):
     """Write a profile directory and return the loaded `Profile`. `layer` is indexed by num_tokens and
     has (a subset of) LAYER_COLS, at least layer_nonattn_ms; scaling is 1.0 (the tables are the
     measured hardware)."""
@@ -182,7 +190,7 @@ def write_profile(out: str | Path, *, cfg: dict, layer: pd.DataFrame, prefill: d
         fits = [("p2p_alpha_us", sr), ("p2p_bw_gbps", sr), ("allreduce_alpha_us", ar), ("allreduce_busbw_gbps", ar)]
     memory = {"gpu_mem_gib": 79.2, "m_init_gib": 78.5}
     memory.update(cfg.get("memory", {}))
-    overhead = {"cpu_ms": 2.0, "lm_head_ms": 1.0, "embedding_ms": 0.1, "sample_ms": 0.2, "broadcast_us": 30}
+    overhead = dict(DEFAULT_OVERHEAD)
     overhead.update(cfg.get("overhead", {}))
     prof = cfg.get("profile", {})
     meta = {
@@ -207,6 +215,7 @@ def write_profile(out: str | Path, *, cfg: dict, layer: pd.DataFrame, prefill: d
                   "p2p_alpha_us"):
         sec = "scaling" if param.startswith("s_") else "overhead" if param == "cpu_ms" else "comm"
         status = ("measured hardware, no scaling" if sec == "scaling" else
+                  (overhead_status or {}).get(param, "default, not yet fitted") if sec == "overhead" else
                   "fitted to comm.csv (fallback alpha-beta)" if param in fitted else "default, not yet fitted")
         text += ("\n[[fit]]\n" + tomlio.dumps({"param": param, "value": meta[sec][param], "status": status,
                                                   "target": "", "achieved": "", "residual": ""}))

@@ -21,6 +21,11 @@ Inputs (Vidur's `data/profiling` layout; see ../shared/data/README.md):
   (devices_per_node = num_workers), send_recv between 2 GPUs of one node; median over duplicate
   sizes. Written to comm.csv, with `[comm] model = "table"` when send_recv (and, for tp > 1, the
   all-reduce at num_workers = tp) is present.
+
+Vidur's simulator has no per-iteration CPU overhead, LM head, embedding, sampling or broadcast term; a
+PipeSim profile has them (`[overhead]`). Every one is reported with its value and status: the default
+(assumed, not fitted), user-supplied in CONFIG's `[overhead]` table or by `--overhead key=value`, or
+off (`--no-overheads`, for a like-for-like comparison with Vidur).
 """
 
 from __future__ import annotations
@@ -31,7 +36,8 @@ import numpy as np
 import pandas as pd
 
 from sim.errors import DataError
-from sim.latency.profile_io import analytic_attention, fit_attention, read_model_config, write_profile
+from sim.latency.profile_io import (DEFAULT_OVERHEAD, OVERHEAD_UNITS, analytic_attention, fit_attention,
+                                    read_model_config, write_profile)
 from sim.latency.profiled import read_csv_table
 
 MLP_OPS = {"qkv_proj": "attn_pre_proj", "o_proj": "attn_post_proj", "gate_up_proj": "mlp_up_proj",
@@ -146,12 +152,53 @@ def comm_from_vidur(ar_path: Path | None, sr_path: Path | None) -> pd.DataFrame 
     return df.groupby(["op", "num_workers", "bytes"], as_index=False)["ms"].median()
 
 
-def import_vidur(src: str | Path, model_cfg: str | Path, out: str | Path, network: str | Path | None = None):
+def parse_overrides(items: list[str] | None) -> dict[str, float]:
+    """`--overhead key=value` items -> {key: value}; one-line errors name the flag, key and allowed keys."""
+    out: dict[str, float] = {}
+    for item in items or []:
+        key, sep, val = item.partition("=")
+        key = key.strip()
+        if not sep or key not in DEFAULT_OVERHEAD:
+            raise DataError(f"--overhead {item!r}: expected key=value with key one of "
+                            f"{', '.join(DEFAULT_OVERHEAD)}")
+        try:
+            v = float(val)
+        except ValueError:
+            raise DataError(f"--overhead {item!r}: value must be a number >= 0") from None
+        if not v >= 0 or v == float("inf"):
+            raise DataError(f"--overhead {item!r}: value must be a number >= 0")
+        out[key] = v
+    return out
+
+
+def resolve_overheads(cfg: dict, overrides: dict[str, float], no_overheads: bool) -> tuple[dict, dict]:
+    """(values, status) of every [overhead] term: defaults < the CONFIG's [overhead] < --no-overheads <
+    --overhead key=value."""
+    where = cfg["path"]
+    values, status = dict(DEFAULT_OVERHEAD), {k: "default, not yet fitted" for k in DEFAULT_OVERHEAD}
+    for key, v in cfg.get("overhead", {}).items():
+        if key not in DEFAULT_OVERHEAD:
+            raise DataError(f"{where}: [overhead] key {key!r} unknown; allowed: {', '.join(DEFAULT_OVERHEAD)}")
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0:
+            raise DataError(f"{where}: [overhead] key {key!r} must be a number >= 0, got {v!r}")
+        values[key], status[key] = v, f"user-supplied ({where} [overhead])"
+    if no_overheads:
+        for key in values:
+            values[key], status[key] = 0, "off (--no-overheads: like-for-like with Vidur)"
+    for key, v in overrides.items():
+        values[key], status[key] = v, "user-supplied (--overhead)"
+    return values, status
+
+
+def import_vidur(src: str | Path, model_cfg: str | Path, out: str | Path, network: str | Path | None = None,
+                 overrides: dict[str, float] | None = None, no_overheads: bool = False):
     """Build a profile at `out` from Vidur CSVs under `src` (and `network`). Returns (Profile, report lines)."""
     src = Path(src)
     if not src.exists():
         raise DataError(f"{src}: no such folder")
     cfg = read_model_config(model_cfg)
+    overhead, overhead_status = resolve_overheads(cfg, overrides or {}, no_overheads)
+    cfg = {**cfg, "overhead": overhead}
     tp, model = cfg["tp"], cfg["model"]
     dirs = [src] if src.is_dir() else [src.parent]
     mlp = src if src.is_file() else _find(dirs, "mlp.csv")
@@ -196,6 +243,9 @@ def import_vidur(src: str | Path, model_cfg: str | Path, out: str | Path, networ
         report.append(f"comm.csv: {len(comm)} rows ({', '.join(sorted(set(comm['op'])))})")
     prof = write_profile(out, cfg=cfg, layer=layer, prefill=pre, decode=dec, comm=comm,
                          gpu="Vidur profile (unspecified GPU)", base_hardware=f"Vidur profile: {src}",
-                         sources=sources, derivation=derivation)
+                         sources=sources, derivation=derivation, overhead_status=overhead_status)
+    # Vidur simulates none of these terms: say what was added and why, so a comparison can switch them off.
+    for key, v in overhead.items():
+        report.append(f"overhead {key} = {v:g} [{OVERHEAD_UNITS[key]}]: {overhead_status[key]}")
     report.append(f"wrote {out} (comm model {prof.meta['comm']['model']})")
     return prof, report

@@ -1,0 +1,254 @@
+"""Kernel cost model of one GPU family, fitted offline from Vidur's measured kernel data.
+
+What it models (per layer, one TP shard, milliseconds, at the token counts of the Vidur grid):
+
+- **GEMMs** (QKV, O, gate-up, down) as t(M tokens, N, K). The measured shapes of a GPU family (every
+  model x TP degree x projection in Vidur's mlp.csv files) are kept as tables over the token grid. A
+  shape that was measured is looked up; any other shape is predicted from the `NEIGHBOURS` measured
+  shapes nearest in (log N, log K): each neighbour's measured curve is scaled by the ratio of a roofline
+  cost, `max(2 M N K / flops, 2 (N K + M K + M N) / bytes_per_s) + launch`, at the target and at the
+  neighbour's shape, and the scaled curves are averaged geometrically with inverse-distance weights.
+  The step structure over M (tile quantisation at multiples of 64/128) therefore comes from measured
+  curves, and only the level is interpolated in N and K.
+- **Element-wise ops** (activation, RoPE, the two RMSNorms, the residual add) by bytes moved:
+  `a + b * bytes`, one (a, b) per op, fitted by non-negative least squares in relative error.
+- **Attention**: prefill `a + b_c c + b_c2 c^2 + b_cp c p` per 32 x 128 query dims and decode
+  `a + b_ctx sum(ctx)` per 1024 KV dims (heads x head dim), fitted to the real A100 attention points
+  and scaled by FLOPs (query heads x head dim) and bytes (KV heads x head dim). A family without
+  attention data of its own takes the A100 fit times measured A100/GPU ratios (compute-bound GEMMs
+  for prefill, element-wise bytes for decode) and is marked "scaled".
+
+The fitting functions (`fit_elementwise`, `fit_attention_points`, `leave_one_model_out`) are used by
+`profiles/build_kernels.py`, which writes `profiles/kernels/<family>.toml` (coefficients, each with
+the data files it came from) and `profiles/kernels/<family>-gemm.csv` (the measured GEMM curves);
+`KernelModel.load` reads them back without the shared data folder.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from sim.errors import DataError
+from sim.tomlio import read_toml
+
+KERNELS_DIR = Path(__file__).resolve().parents[2] / "profiles" / "kernels"
+
+GEMM_OPS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
+ELEMENTWISE_OPS = ("act", "rope", "rmsnorm", "residual_add")
+VIDUR_OP = {"qkv_proj": "attn_pre_proj", "o_proj": "attn_post_proj", "gate_up_proj": "mlp_up_proj",
+            "down_proj": "mlp_down_proj", "act": "mlp_act", "rope": "attn_rope", "residual_add": "add",
+            "rmsnorm": "input_layernorm"}
+NEIGHBOURS = 4            # measured shapes averaged per prediction
+DISTANCE_FLOOR = 0.05     # log-distance added before inverse-distance weighting (an exact hit dominates)
+LAUNCH_S = 5e-6           # per-kernel floor of the roofline cost ratio
+PREFILL_REF_DIMS = 32 * 128    # query heads x head dim the prefill coefficients are stated for
+DECODE_REF_DIMS = 1024         # KV heads x head dim the decode coefficient is stated for
+
+
+@dataclass(frozen=True)
+class Arch:
+    """What the kernel model needs of an architecture (full model, unsharded)."""
+    hidden_size: int
+    intermediate_size: int
+    num_q_heads: int
+    num_kv_heads: int
+    head_dim: int
+    gated_mlp: bool = True
+    dtype_bytes: int = 2
+
+
+def gemm_shapes(a: Arch, tp: int) -> dict[str, tuple[int, int]]:
+    """(N, K) of each projection on one TP shard (KV heads replicated when tp > KV heads)."""
+    kv = max(1, a.num_kv_heads // tp)
+    q = a.num_q_heads // tp
+    ffn = a.intermediate_size // tp
+    return {"qkv_proj": ((q + 2 * kv) * a.head_dim, a.hidden_size),
+            "o_proj": (a.hidden_size, q * a.head_dim),
+            "gate_up_proj": ((2 if a.gated_mlp else 1) * ffn, a.hidden_size),
+            "down_proj": (a.hidden_size, ffn)}
+
+
+def elementwise_bytes_per_token(a: Arch, tp: int) -> dict[str, float]:
+    """Bytes read + written per token by each element-wise op on one TP shard."""
+    kv = max(1, a.num_kv_heads // tp)
+    q = a.num_q_heads // tp
+    ffn = a.intermediate_size // tp
+    db = a.dtype_bytes
+    return {"act": (3 if a.gated_mlp else 2) * ffn * db,      # gated: read gate and up, write one
+            "rope": 2 * (q + kv) * a.head_dim * db,           # rotate q and k in place
+            "rmsnorm": 2 * a.hidden_size * db,                # one norm: read, write the full hidden state
+            "residual_add": 3 * a.hidden_size * db}
+
+
+def roofline_s(m: np.ndarray, n: float, k: float, flops: float, bytes_per_s: float) -> np.ndarray:
+    fl = 2.0 * m * n * k / flops
+    by = 2.0 * (n * k + m * k + m * n) / bytes_per_s
+    return np.maximum(fl, by) + LAUNCH_S
+
+
+def predict_gemm(grid: np.ndarray, shapes: np.ndarray, table: np.ndarray, n: int, k: int,
+                 flops: float, bytes_per_s: float) -> np.ndarray:
+    """ms over `grid` for shape (n, k) from measured `shapes` (S x 2) with curves `table` (S x G)."""
+    dist = np.hypot(np.log(shapes[:, 0] / n), np.log(shapes[:, 1] / k))
+    idx = np.argsort(dist, kind="stable")[:NEIGHBOURS]
+    target = roofline_s(grid, n, k, flops, bytes_per_s)
+    logs, weights = [], []
+    for i in idx:
+        ratio = target / roofline_s(grid, shapes[i, 0], shapes[i, 1], flops, bytes_per_s)
+        logs.append(np.log(table[i] * ratio))
+        weights.append(1.0 / (dist[i] + DISTANCE_FLOOR) ** 2)
+    w = np.array(weights) / sum(weights)
+    return np.exp(np.sum(np.array(logs) * w[:, None], axis=0))
+
+
+def fit_nnls_rel(X: np.ndarray, t: np.ndarray, w: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Non-negative least squares in relative error, rows weighted by `w`; (coefficients, |relative errors|)."""
+    from scipy.optimize import nnls
+
+    sw = np.ones_like(t) if w is None else np.sqrt(w)
+    coef, _ = nnls(X / t[:, None] * sw[:, None], sw)
+    return coef, np.abs(X @ coef / t - 1)
+
+
+def fit_elementwise(points: pd.DataFrame) -> tuple[float, float, np.ndarray]:
+    """points: bytes, ms -> (a_ms, b_ms_per_byte, |rel err|)."""
+    b, t = points["bytes"].to_numpy(float), points["ms"].to_numpy(float)
+    coef, err = fit_nnls_rel(np.column_stack([np.ones_like(b), b]), t)
+    return float(coef[0]), float(coef[1]), err
+
+
+def fit_attention_points(prefill: pd.DataFrame, decode: pd.DataFrame) -> tuple[dict, dict, dict]:
+    """prefill: batch, chunk, prefix, q_dims, ms, weight; decode: batch, context, kv_dims, ms, weight.
+
+    Prefill b-terms are per PREFILL_REF_DIMS query dims, decode b_ctx per DECODE_REF_DIMS KV dims.
+    Returns (prefill coefficients, decode coefficients, quality per component)."""
+    B, c, p, t = (prefill[k].to_numpy(float) for k in ("batch", "chunk", "prefix", "ms"))
+    s = prefill["q_dims"].to_numpy(float) / PREFILL_REF_DIMS
+    X = np.column_stack([np.ones_like(c), s * B * c, s * B * c * c, s * B * c * p])
+    cp, ep = fit_nnls_rel(X, t, prefill["weight"].to_numpy(float))
+    B, ctx, t = (decode[k].to_numpy(float) for k in ("batch", "context", "ms"))
+    s = decode["kv_dims"].to_numpy(float) / DECODE_REF_DIMS
+    cd, ed = fit_nnls_rel(np.column_stack([np.ones_like(t), s * B * ctx]), t, decode["weight"].to_numpy(float))
+    quality = {"prefill": _quality(ep), "decode": _quality(ed)}
+    return (dict(zip(("a_ms", "b_c", "b_c2", "b_cp"), map(float, cp))),
+            {"a_ms": float(cd[0]), "b_ctx": float(cd[1])}, quality)
+
+
+def _quality(err: np.ndarray) -> dict:
+    return {"points": int(len(err)), "median_rel_err": float(np.median(err)),
+            "p90_rel_err": float(np.percentile(err, 90))}
+
+
+def leave_one_model_out(grid: np.ndarray, shapes: np.ndarray, table: np.ndarray, owners: list[set[str]],
+                        flops: float, bytes_per_s: float, max_tokens: int = 4096) -> pd.DataFrame:
+    """For each model, predict each of its shapes from the shapes no held-out model has.
+
+    `owners[i]` names the models that have shape i (identical shapes of two models, e.g. Llama-2-70B and
+    Llama-3-70B, are held out together). Returns one row per (model, shape, token count) with rel_err."""
+    rows = []
+    keep_m = grid <= max_tokens
+    models = sorted(set().union(*owners))
+    for model in models:
+        held = np.array([model in o for o in owners])
+        for i in np.flatnonzero(held):
+            pred = predict_gemm(grid, shapes[~held], table[~held], shapes[i, 0], shapes[i, 1], flops, bytes_per_s)
+            err = (pred / table[i] - 1)[keep_m]
+            for m, e in zip(grid[keep_m], err):
+                rows.append((model, int(shapes[i, 0]), int(shapes[i, 1]), int(m), float(e)))
+    return pd.DataFrame(rows, columns=["model", "N", "K", "num_tokens", "rel_err"])
+
+
+class KernelModel:
+    """A fitted kernel model of one GPU family, read from profiles/kernels/<family>.{toml,-gemm.csv}."""
+
+    def __init__(self, family: str, meta: dict, grid: np.ndarray, shapes: np.ndarray, table: np.ndarray,
+                 path: Path) -> None:
+        self.family = family
+        self.meta = meta
+        self.grid = grid
+        self.shapes = shapes
+        self.table = table
+        self.path = path
+        rf = meta["roofline"]
+        self.flops = float(rf["flops"])
+        self.bytes_per_s = float(rf["bytes_per_s"])
+
+    @classmethod
+    def load(cls, family: str, kernels_dir: Path = KERNELS_DIR) -> "KernelModel":
+        toml_path = kernels_dir / f"{family}.toml"
+        meta = read_toml(toml_path, DataError, "kernel data missing (profiles/build_kernels.py writes it)")
+        for section in ("roofline", "elementwise", "attention"):
+            if section not in meta:
+                raise DataError(f"{toml_path}: missing section [{section}]")
+        csv = kernels_dir / f"{family}-gemm.csv"
+        if not csv.is_file():
+            raise DataError(f"{csv}: kernel GEMM table missing (profiles/build_kernels.py writes it)")
+        df = pd.read_csv(csv)
+        if "num_tokens" not in df.columns:
+            raise DataError(f"{csv}: missing column 'num_tokens'")
+        cols = [c for c in df.columns if c != "num_tokens"]
+        try:
+            shapes = np.array([[int(x) for x in c.split("x")] for c in cols], dtype=float)
+        except ValueError:
+            raise DataError(f"{csv}: GEMM columns must be named <N>x<K>, got {cols[:3]}") from None
+        table = df[cols].to_numpy(float).T
+        if not np.all(np.isfinite(table)) or np.any(table <= 0):
+            raise DataError(f"{csv}: GEMM times must be positive numbers (ms)")
+        return cls(family, meta, df["num_tokens"].to_numpy(np.int64), shapes, table, toml_path)
+
+    def gemm_ms(self, n: int, k: int) -> np.ndarray:
+        """Per-call GEMM time over the grid; a measured shape is returned as measured."""
+        hit = np.flatnonzero((self.shapes[:, 0] == n) & (self.shapes[:, 1] == k))
+        if len(hit):
+            return self.table[hit[0]].copy()
+        return predict_gemm(self.grid.astype(float), self.shapes, self.table, n, k, self.flops, self.bytes_per_s)
+
+    def gemm_is_measured(self, n: int, k: int) -> bool:
+        return bool(np.any((self.shapes[:, 0] == n) & (self.shapes[:, 1] == k)))
+
+    def elementwise_ms(self, op: str, bytes_per_token: float) -> np.ndarray:
+        c = self.meta["elementwise"][op]
+        return c["a_ms"] + c["b_ms_per_byte"] * bytes_per_token * self.grid.astype(float)
+
+    def layer_table(self, a: Arch, tp: int) -> pd.DataFrame:
+        """layer_nonattn.csv columns of FORMAT.md for one TP shard, indexed by num_tokens."""
+        out = pd.DataFrame(index=pd.Index(self.grid, name="num_tokens"))
+        for op, (n, k) in gemm_shapes(a, tp).items():
+            out[op] = self.gemm_ms(n, k)
+        ew = elementwise_bytes_per_token(a, tp)
+        out["act"] = self.elementwise_ms("act", ew["act"])
+        out["rope"] = self.elementwise_ms("rope", ew["rope"])
+        out["rmsnorm_x2"] = 2 * self.elementwise_ms("rmsnorm", ew["rmsnorm"])
+        out["residual_add"] = self.elementwise_ms("residual_add", ew["residual_add"])
+        out["linear_ms"] = out[list(GEMM_OPS)].sum(axis=1)
+        out["layer_nonattn_ms"] = out[["linear_ms", "act", "rope", "rmsnorm_x2", "residual_add"]].sum(axis=1)
+        return out
+
+    def attention(self, a: Arch, tp: int) -> tuple[dict, dict, str]:
+        """(prefill, decode, status) per layer on one TP shard; status is "fitted" or "scaled"."""
+        att = self.meta["attention"]
+        q_dims = a.num_q_heads // tp * a.head_dim
+        kv_dims = max(1, a.num_kv_heads // tp) * a.head_dim
+        s = q_dims / PREFILL_REF_DIMS
+        pre = {"a_ms": att["prefill"]["a_ms"], "b_c": att["prefill"]["b_c"] * s,
+               "b_c2": att["prefill"]["b_c2"] * s, "b_cp": att["prefill"]["b_cp"] * s}
+        dec = {"a_ms": att["decode"]["a_ms"], "b_ctx": att["decode"]["b_ctx"] * kv_dims / DECODE_REF_DIMS}
+        return pre, dec, str(att.get("status", "fitted"))
+
+    @property
+    def sources(self) -> list[str]:
+        return list(self.meta.get("sources", []))
+
+
+def families(kernels_dir: Path = KERNELS_DIR) -> list[str]:
+    return sorted(p.stem for p in kernels_dir.glob("*.toml"))
+
+
+def rel_err_summary(err: np.ndarray) -> tuple[float, float]:
+    e = np.abs(np.asarray(err, float))
+    return (float(np.median(e)), float(np.percentile(e, 90))) if len(e) else (math.nan, math.nan)
