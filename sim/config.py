@@ -113,7 +113,6 @@ class LatencyConfig:
         return p if p.is_absolute() else REPO_ROOT / p
 
 
-@dataclass(frozen=True)
 ON_KV_EXHAUSTED = ("exit", "retract")
 
 
