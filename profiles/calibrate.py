@@ -15,15 +15,16 @@ Step 1 (lookup mode): for `grid` and `bucket128`, the three micro-benchmark rati
 decode 128/96 and 160/128 requests at the stated context) of one middle stage of the PP=4 32B profile, at
 the default scaling; the mode with the smaller worst-case |relative error| wins.
 
-Step 2 (s_mem, s_comp, cpu_ms): PP=4 PP_static runs of the engine (azure-conv first 400 rows, Poisson
-4 req/s, chunk 512; cnn-reversed 1000 requests at 8 req/s, chunk 256), seeds 1..S; per seed the P90/P99 of
-iterations.csv `iter_ms` over non-idle iterations (the summary's p90_iter_ms / p99_iter_ms), averaged over
-seeds. Objective: sum over the three targets of ((model - target) / target)^2. Search: a coarse grid
-(s_mem 1.0..1.3 step 0.1, s_comp 1.0..1.2 step 0.1, cpu_ms 0.5..3.5 step 1.0; 48 points), then two
-refinements, each a 3x3x3 grid around the incumbent at half the previous step (0.05/0.05/0.5, then
-0.025/0.025/0.25), clipped to the section 12 bounds (s_mem [1.0, 1.35], s_comp [1.0, 1.2], cpu_ms
-[0.5, 4.0]); simulations are cached by parameter values. Ties (objective within 1e-5 of the best) go to the
-point nearest the defaults (1.25, 1.10, 2.0; distance in units of each parameter's range).
+Step 2 (s_mem, s_comp, cpu_ms and the ground truth's per-request CPU and variance: cpu_per_request_us,
+jitter_cv, stall_prob, stall_mean_ms): PP=4 PP_static runs of the engine (azure-conv first 400 rows,
+Poisson 4 req/s, chunk 512; cnn-reversed 1000 requests at 8 req/s, chunk 256), seeds 1..S; per seed the
+P90/P99 of iterations.csv `iter_ms` over non-idle iterations (the summary's p90_iter_ms / p99_iter_ms),
+averaged over seeds. Objective: sum over the three targets of ((model - target) / target)^2. Search: a
+coordinate search inside each parameter's documented physical range (BOUNDS; the fit never leaves it, a
+target it cannot reach keeps its residual): from the defaults, one pass of 4 values per parameter
+spanning its range, then two passes at +- half the previous spacing around the incumbent; simulations are
+cached by parameter values. Ties (objective within 1e-5 of the best) go to the point nearest the
+defaults (distance in units of each parameter's range).
 
 Checks (not fitted): the micro-benchmarks with the fitted values, the 2048-then-128 bubble
 (sim.latency.analysis.bubble_ms), and the step-2 percentiles at p2p 8 and 12 GB/s.

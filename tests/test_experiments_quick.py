@@ -21,7 +21,8 @@ COLUMNS = {
     "fig3.csv": ["panel", "x", "series", "value_ms"],
     "fig4.csv": ["model", "workload", "scheme", "chunk", "rate_rps", "bubble_ms_per_iter", "prefill_tokens_per_s"],
     "fig9.csv": ["model", "workload", "scheme", "chunk", "rate_rps", "p90_ttft_ms", "p90_tpot_ms", "p90_e2e_ms", "slo_attainment"],
-    "fig9_goodput.csv": ["model", "workload", "scheme", "best_chunk", "goodput_rps"],
+    "fig9_goodput.csv": ["model", "workload", "scheme", "best_chunk", "tied_chunks", "goodput_rps", "goodput_ci_lo",
+                         "goodput_ci_hi", "num_seeds"],
     "fig10.csv": ["model", "workload", "scheme", "chunk", "rate_rps", "p90_ttft_ms", "p90_tpot_ms", "p90_e2e_ms", "slo_attainment"],
     "fig10_goodput.csv": ["model", "workload", "scheme", "best_chunk", "goodput_rps"],
     "fig11.csv": ["model", "workload", "scheme", "rate_rps", "p50_iter_ms", "p90_iter_ms", "p99_iter_ms"],
@@ -30,6 +31,7 @@ COLUMNS = {
     "fig13.csv": ["case", "scheme", "metric", "stat", "value_ms"],
     "fig14.csv": ["scheme", "tpot_slo_ms", "slo_attainment", "finished_within_60s"],
     "table1.csv": ["predictor", "mape_pct", "predict_us"],
+    "busbw.csv": ["workload", "scheme", "busbw_gbps", "fitted", "goodput_rps", "goodput_ci_lo", "goodput_ci_hi"],
 }
 
 
@@ -79,6 +81,8 @@ def test_fidelity_report_on_quick_results(quick_results, capsys):
     text = out.read_text()
     assert "| azure-conv TP (req/s) | 3.48 |" in text
     assert "allreduce_busbw_gbps" in text
+    assert "targets within 10%" in text and "within 10% |" in text
+    assert "## Sensitivity to the all-reduce bandwidth (busbw.csv)" in text
 
 
 @pytest.mark.parametrize("notebook", ["goodput_comparison.ipynb", "iteration_latency.ipynb", "trace_replay.ipynb"])
