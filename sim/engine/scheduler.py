@@ -149,9 +149,11 @@ class Scheduler:
         last = slot.last
         if last is None or last.mode == DECODE:
             return
-        reqs = [r for r in last.requests() if r is not last.chunked]
-        kept = [r for r in reqs if not r.finished]
-        if len(kept) < len(reqs):
+        chunked = last.chunked
+        kept = [p[0] for p in last.prefill if p[0] is not chunked and not p[0].finished]
+        kept += [r for r in last.decodes if not r.finished]
+        # (the request being chunked is never a decode)
+        if len(kept) < sum(1 for p in last.prefill if p[0] is not chunked) + len(last.decodes):
             self.batch_is_full = False
         if kept:
             if slot.running is None:
@@ -165,7 +167,8 @@ class Scheduler:
         for s in self.slots:
             if s.running:
                 for r in s.running:
-                    total += min(r.max_new - r.out_len, CLIP_MAX_NEW_TOKENS)
+                    left = r.max_new - r.out_len
+                    total += left if left < CLIP_MAX_NEW_TOKENS else CLIP_MAX_NEW_TOKENS
         return total * self.new_token_ratio
 
     def _prefill_batch(self, slot: Slot, now_s: float) -> MicroBatch | None:
