@@ -18,10 +18,12 @@ stage{s}_idle_ms (idle = the bubble: iteration length minus busy time).
 
 from __future__ import annotations
 
+from sim.lazy import lazy
+
 import math
 
-import numpy as np
-import pandas as pd
+np = lazy("numpy")  # imported on first use (sim/lazy.py)
+pd = lazy("pandas")  # imported on first use (sim/lazy.py)
 
 from sim.config import SLOConfig
 

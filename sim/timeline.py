@@ -9,14 +9,13 @@ draws the stages of a chosen time window as a Gantt chart: white gaps are pipeli
 
 from __future__ import annotations
 
+from sim.lazy import lazy, lazy_pyplot
+
 import json
 from pathlib import Path
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
+plt = lazy_pyplot()
+np = lazy("numpy")  # imported on first use (sim/lazy.py)
 
 MODE_COLORS = {"extend": "#d62728", "mixed": "#ff7f0e", "decode": "#1f77b4"}
 

@@ -12,12 +12,14 @@ the real run completed, and the mean, P50, P90 and P99 of TTFT, TPOT and E2E are
 
 from __future__ import annotations
 
+from sim.lazy import lazy
+
 import json
 import math
 from pathlib import Path
 
-import numpy as np
-import pandas as pd
+np = lazy("numpy")  # imported on first use (sim/lazy.py)
+pd = lazy("pandas")  # imported on first use (sim/lazy.py)
 
 from sim.errors import DataError
 

@@ -18,14 +18,16 @@ error: both Azure traces have none, so any such row means a wrong file or wrong 
 
 from __future__ import annotations
 
+from sim.lazy import lazy
+
 import os
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, Mapping
 
-import numpy as np
-import pandas as pd
+np = lazy("numpy")  # imported on first use (sim/lazy.py)
+pd = lazy("pandas")  # imported on first use (sim/lazy.py)
 
 from sim.errors import ConfigError, DataError
 from sim.rng import stream
