@@ -21,11 +21,13 @@ from __future__ import annotations
 from sim.lazy import lazy
 
 import math
+from array import array
 
 np = lazy("numpy")  # imported on first use (sim/lazy.py)
 pd = lazy("pandas")  # imported on first use (sim/lazy.py)
 
 from sim.config import SLOConfig
+from sim.engine.records import ModeColumn, StageBusy
 
 
 def requests_frame(result, slo: SLOConfig | None = None) -> pd.DataFrame:
@@ -62,11 +64,14 @@ def requests_frame(result, slo: SLOConfig | None = None) -> pd.DataFrame:
 
 
 def iterations_frame(result) -> pd.DataFrame:
-    df = pd.DataFrame(result.iterations)
+    # typed columns (sim/engine/records.py) convert without a Python object per value
+    df = pd.DataFrame({c: (v.tolist() if isinstance(v, ModeColumn) else np.asarray(v) if isinstance(v, array) else v)
+                       for c, v in result.iterations.items()})
     if df.empty:
         return df
     df.insert(4, "iter_ms", (df["end_s"] - df["start_s"]) * 1e3)
-    busy = np.asarray(result.stage_busy, dtype=float).reshape(len(df), -1)
+    sb = result.stage_busy
+    busy = sb.to_numpy() if isinstance(sb, StageBusy) else np.asarray(sb, dtype=float).reshape(len(df), -1)
     overhead = getattr(result, "iteration_overhead_s", 0.0)
     for s in range(busy.shape[1]):
         start = df["start_s"] + overhead

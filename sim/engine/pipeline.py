@@ -18,13 +18,9 @@ import simpy
 from simpy.events import NORMAL
 
 from sim.engine.scheduler import INIT_NEW_TOKEN_RATIO, RunFailed, Scheduler
+from sim.engine.records import COLUMNS as ITER_COLUMNS, IterationLog
 from sim.engine.state import Req
 from sim.engine.view import BatchInfo, SchedulerView
-
-ITER_COLUMNS = (
-    "iteration", "slot", "start_s", "end_s", "mode", "num_tokens", "prefill_tokens", "num_prefill",
-    "num_decode", "chunk_size", "kv_used_tokens", "num_waiting", "num_running",
-)
 
 
 def _trigger_after(env: simpy.Environment, event: simpy.Event, delay: float) -> None:
@@ -132,8 +128,9 @@ class Pipeline:
         self.step = 0
         self._observe = getattr(chunk_policy, "observe", None)
         self.guard = guard
-        self.iters: dict[str, list] = {c: [] for c in ITER_COLUMNS}
-        self.stage_busy: list[tuple[float, ...]] = []
+        self.log = IterationLog(self.P)
+        self.iters = self.log.columns  # column name -> typed column (see records.py)
+        self.stage_busy = self.log.stage_busy
         self.kv_peak = 0
         # stage processes share one "go" event per iteration and count down to "done"
         self.go = env.event()
@@ -269,26 +266,14 @@ class Pipeline:
         return rebalance
 
     def _record(self, k, slot, start, end, mb, kv_used) -> None:
-        it, sched = self.iters, self.sched
-        it["iteration"].append(k)
-        it["slot"].append(slot)
-        it["start_s"].append(start)
-        it["end_s"].append(end)
-        if mb is None:
-            it["mode"].append("idle")
-            for c in ("num_tokens", "prefill_tokens", "num_prefill", "num_decode"):
-                it[c].append(0)
-        else:
-            st = mb.stats
-            it["mode"].append(mb.mode)
-            it["num_tokens"].append(st.num_tokens)
-            it["prefill_tokens"].append(st.prefill_tokens)
-            it["num_prefill"].append(st.num_prefill)
-            it["num_decode"].append(st.num_decode)
-        it["chunk_size"].append(sched.chunk_size)
+        sched = self.sched
         used = sched.kv_used()
         self.kv_peak = max(self.kv_peak, used, kv_used)
-        it["kv_used_tokens"].append(used)
-        it["num_waiting"].append(len(sched.waiting))
-        it["num_running"].append(sched.num_active)
-        self.stage_busy.append(tuple(self.busy))
+        if mb is None:
+            self.log.record(k, slot, start, end, "idle", 0, 0, 0, 0, sched.chunk_size, used,
+                            len(sched.waiting), sched.num_active)
+        else:
+            st = mb.stats
+            self.log.record(k, slot, start, end, mb.mode, st.num_tokens, st.prefill_tokens, st.num_prefill,
+                            st.num_decode, sched.chunk_size, used, len(sched.waiting), sched.num_active)
+        self.stage_busy.append(self.busy)

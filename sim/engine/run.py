@@ -11,6 +11,7 @@ import simpy
 
 from sim.config import RunConfig
 from sim.engine.pipeline import Inbox, Pipeline, SLOGuard
+from sim.engine.records import IterationLog
 from sim.engine.scheduler import Scheduler
 from sim.engine.state import Req
 from sim.errors import ConfigError
@@ -29,8 +30,8 @@ class RunResult:
     status: str  # "ok" or "failed"
     reason: str
     requests: list[Req]
-    iterations: dict
-    stage_busy: list
+    iterations: dict  # column name -> typed column (sim/engine/records.py); indexes like a list
+    stage_busy: list  # stage_busy[row]: per-stage busy seconds of iteration `row` (a StageBusy)
     decisions: list  # (time_s, slot, old_chunk, new_chunk, reason)
     moves: list  # (time_s, slot, req_id, action, where)
     kv_capacity_tokens: int
@@ -111,21 +112,16 @@ def run(cfg: RunConfig, requests: list[RequestSpec] | None = None) -> RunResult:
     env.run(until=env.all_of([p.proc for p in pipes]))
     failed = [p for p in pipes if p.status == "failed"]
     stopped = [p for p in pipes if p.status == "stopped"]
-    iters: dict = {c: [] for c in pipes[0].iters}
-    iters["replica"] = []
-    busy, decisions, moves = [], [], []
-    for i, p in enumerate(pipes):
-        for c, vals in p.iters.items():
-            iters[c].extend(vals)
-        iters["replica"].extend([i] * len(p.iters["iteration"]))
-        busy.extend(p.stage_busy)
+    log = IterationLog.merge([p.log for p in pipes], cfg.parallel.pp)
+    decisions, moves = [], []
+    for p in pipes:
         decisions.extend(p.decisions)
         moves.extend(p.move_log)
     return RunResult(
         config=cfg, status="failed" if failed else "stopped" if stopped else "ok",
         reason=(guard.reason if stopped and not failed else
                 "; ".join(f"replica {pipes.index(p)}: {p.reason}" if n > 1 else p.reason for p in failed)),
-        requests=reqs, iterations=iters, stage_busy=busy, decisions=decisions, moves=moves,
+        requests=reqs, iterations=log.columns, stage_busy=log.stage_busy, decisions=decisions, moves=moves,
         kv_capacity_tokens=kv, kv_peak_tokens=max(p.kv_peak for p in pipes), max_running_requests=max_running,
         end_s=env.now, iteration_overhead_s=latency.iteration_overhead_s,
     )

@@ -10,6 +10,7 @@ The clock (SimPy) lives in `sim.engine.pipeline`; this module only moves tokens 
 
 from __future__ import annotations
 
+from array import array
 from collections import deque
 from operator import itemgetter
 
@@ -60,8 +61,8 @@ class Scheduler:
         self.arrived: list[Req] = []  # every request the scheduler has seen, in arrival order
         # Append-only samples the controllers read (server-side signals, system model 2.2):
         # TTFT from scheduler arrival, and per-slot cycle times (the artifact's "TPOT").
-        self.ttft_samples: list[float] = []
-        self.tpot_samples: list[float] = []
+        self.ttft_samples = array("d")  # compact: one per request / per iteration
+        self.tpot_samples = array("d")
         self.num_finished = 0
         self.retractions = 0
 
