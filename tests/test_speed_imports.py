@@ -42,3 +42,23 @@ def test_lazy_module_imports_on_first_attribute():
     assert calls == []
     assert mod.rgb_to_hsv(1.0, 0.0, 0.0) == (0.0, 1.0, 1.0)
     assert mod.rgb_to_hsv is mod.rgb_to_hsv and calls == [1]  # set up once, then cached
+
+
+def test_profile_loaded_once_per_process(tmp_path):
+    import shutil
+
+    from sim.engine.run import load_profile_cached
+
+    src = ROOT / "profiles/a100-pcie-40gb/qwen2.5-32b/tp1"
+    a = load_profile_cached(src)
+    assert load_profile_cached(src) is a
+    copy = tmp_path / "tp1"
+    shutil.copytree(src, copy)
+    b = load_profile_cached(copy)
+    assert b is not a and b.layer_ms.tolist() == a.layer_ms.tolist()
+    meta = copy / "meta.toml"
+    meta.write_text(meta.read_text())  # touched: read again
+    import os
+
+    os.utime(meta, ns=(meta.stat().st_mtime_ns + 10**9, meta.stat().st_mtime_ns + 10**9))
+    assert load_profile_cached(copy) is not b

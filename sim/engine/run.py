@@ -6,6 +6,7 @@ Pure: no files are written here (the CLI and the experiment layer do I/O).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import simpy
 
@@ -46,12 +47,31 @@ def build_latency(cfg: RunConfig):
     lat, pp = cfg.latency, cfg.parallel.pp
     if lat.kind == "constant":
         return ConstantLatencyModel(pp, lat.stage_ms, lat.overhead_ms)
-    profile = Profile.load(lat.profile_path())
+    profile = load_profile_cached(lat.profile_path())
     if profile.tp != cfg.parallel.tp:
         raise ConfigError(
             f"config [parallel] tp = {cfg.parallel.tp} but profile {lat.profile} is for tp = {profile.tp}"
         )
     return ProfiledLatencyModel(profile, pp, noise_cv=lat.noise_cv, rng=stream(cfg.seed, "latency-noise"))
+
+
+_PROFILES: dict[tuple, Profile] = {}
+
+
+def load_profile_cached(path) -> Profile:
+    """`Profile.load`, once per process for each profile folder (sweeps run many points on one
+    profile). Keyed by the folder and its files' modification times, so an edited profile is
+    read again; profiles are read-only data, so sharing one between runs changes no result."""
+    folder = Path(path).resolve()
+    stamp = tuple(sorted((p.name, p.stat().st_mtime_ns) for p in folder.iterdir() if p.is_file())) \
+        if folder.is_dir() else ()
+    key = (str(folder), stamp)
+    profile = _PROFILES.get(key)
+    if profile is None:
+        profile = Profile.load(path)
+        if stamp:
+            _PROFILES[key] = profile
+    return profile
 
 
 def pool_sizes(cfg: RunConfig, latency) -> tuple[int, int, int, int]:
