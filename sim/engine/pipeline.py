@@ -129,8 +129,6 @@ class Pipeline:
         self._observe = getattr(chunk_policy, "observe", None)
         self.guard = guard
         self.log = IterationLog(self.P)
-        self.iters = self.log.columns  # column name -> typed column (see records.py)
-        self.stage_busy = self.log.stage_busy
         self.kv_peak = 0
         # stage processes share one "go" event per iteration and count down to "done"
         self.go = env.event()
@@ -265,15 +263,25 @@ class Pipeline:
 
         return rebalance
 
+    @property
+    def iters(self) -> dict:
+        """Column name -> typed column of this pipeline's iterations (see records.py)."""
+        return self.log.columns
+
+    @property
+    def stage_busy(self):
+        return self.log.stage_busy
+
     def _record(self, k, slot, start, end, mb, kv_used) -> None:
         sched = self.sched
-        used = sched.kv_used()
-        self.kv_peak = max(self.kv_peak, used, kv_used)
+        used = sched.kv_capacity - sched.kv_free
+        if used > self.kv_peak or kv_used > self.kv_peak:
+            self.kv_peak = max(self.kv_peak, used, kv_used)
         if mb is None:
-            self.log.record(k, slot, start, end, "idle", 0, 0, 0, 0, sched.chunk_size, used,
-                            len(sched.waiting), sched.num_active)
+            row = (k, slot, start, end, "idle", 0, 0, 0, 0, sched.chunk_size, used,
+                   len(sched.waiting), sched.num_active)
         else:
             st = mb.stats
-            self.log.record(k, slot, start, end, mb.mode, st.num_tokens, st.prefill_tokens, st.num_prefill,
-                            st.num_decode, sched.chunk_size, used, len(sched.waiting), sched.num_active)
-        self.stage_busy.append(self.busy)
+            row = (k, slot, start, end, mb.mode, st.prefill_tokens + st.num_decode, st.prefill_tokens,
+                   st.num_prefill, st.num_decode, sched.chunk_size, used, len(sched.waiting), sched.num_active)
+        self.log.record(row, self.busy)

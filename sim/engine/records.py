@@ -95,29 +95,52 @@ class IterationLog:
     """The iterations of one pipeline (or of several replicas, merged): `columns` holds the
     typed columns by name (plus `replica` after a merge), `stage_busy` the busy times."""
 
-    def __init__(self, num_stages: int) -> None:
-        self.columns: dict = {c: (ModeColumn() if t == "b" else array(t)) for c, t in COLUMNS.items()}
-        self.stage_busy = StageBusy(num_stages)
-        c = self.columns
-        # bound appends, in the order `record` takes its arguments (the per-iteration hot path)
-        self._appends = tuple(c[name].append for name in COLUMNS)
+    BLOCK = 4096  # rows buffered as tuples (the per-iteration hot path), then moved to the columns
 
-    def record(self, *row) -> None:
-        """Append one iteration: the values of COLUMNS in order."""
-        for append, value in zip(self._appends, row):
-            append(value)
+    def __init__(self, num_stages: int) -> None:
+        self._columns: dict = {c: (ModeColumn() if t == "b" else array(t)) for c, t in COLUMNS.items()}
+        self._stage_busy = StageBusy(num_stages)
+        self._rows: list[tuple] = []
+
+    def record(self, row: tuple, busy) -> None:
+        """Append one iteration: `row` holds the values of COLUMNS in order, `busy` the stages'."""
+        rows = self._rows
+        rows.append(row)
+        self._stage_busy.flat.extend(busy)
+        if len(rows) >= self.BLOCK:
+            self._flush()
+
+    def _flush(self) -> None:
+        if self._rows:
+            for col, values in zip(self._columns.values(), zip(*self._rows)):
+                if isinstance(col, ModeColumn):
+                    col.codes.extend([_MODE_CODE[m] for m in values])
+                else:
+                    col.extend(values)
+            self._rows = []
+
+    @property
+    def columns(self) -> dict:
+        self._flush()
+        return self._columns
+
+    @property
+    def stage_busy(self) -> StageBusy:
+        self._flush()
+        return self._stage_busy
 
     def __len__(self) -> int:
-        return len(self.columns["iteration"])
+        return len(self._columns["iteration"]) + len(self._rows)
 
     @classmethod
     def merge(cls, logs: list["IterationLog"], num_stages: int) -> "IterationLog":
         """The replicas' logs one after another, with a `replica` column."""
         out = cls(num_stages)
-        out.columns["replica"] = array("q")
+        columns = out.columns
+        columns["replica"] = array("q")
         for i, log in enumerate(logs):
             for name, col in log.columns.items():
-                out.columns[name].extend(col)
-            out.columns["replica"].extend(array("q", [i]) * len(log))
+                columns[name].extend(col)
+            columns["replica"].extend(array("q", [i]) * len(log))
             out.stage_busy.extend(log.stage_busy)
         return out

@@ -407,7 +407,7 @@ class ProfiledLatencyModel:
             self._parts[tokens] = parts
         att = self.attention_s(st)
         # same order of additions as StepTime.total_s
-        return tuple(lin + n * att + comm + ov for n, lin, comm, ov in parts)
+        return tuple([lin + n * att + comm + ov for n, lin, comm, ov in parts])
 
     def kv_capacity_tokens(self, mem_fraction: float) -> int:
         return kv_capacity_tokens(self.profile, self.num_stages, mem_fraction)
