@@ -203,7 +203,7 @@ class Pipeline:
                 mb.stage_s = self.latency.stage_times(mb.stats)
                 idle_turns = 0
             inflight.appendleft(mb)
-            if not any(inflight):
+            if mb is None and not any(inflight):
                 # NOTE: the artifact's idle path resets the token-ratio estimate.
                 sched.new_token_ratio = INIT_NEW_TOKEN_RATIO
                 running = any(sl.running for sl in sched.slots)

@@ -92,9 +92,10 @@ class Scheduler:
                 f"needed, {self.kv_free} of {self.kv_capacity} free (the real server exits)"
             )
         self.kv_free -= len(reqs)
+        # NOTE: each request's own count (kv_held) takes the slot when its token comes back
+        # (process_result): it is only read to free a request, never while its batch is in flight.
         ctx = 0
         for r in reqs:
-            r.kv_held += 1
             ctx += r.prompt_len + r.out_len
         return ctx
 
@@ -288,6 +289,7 @@ class Scheduler:
                 self._emit(req, now_s)
         # the hot loop: _emit inlined for decodes (they already have their first token)
         for req in mb.decodes:
+            req.kv_held += 1  # the KV slot allocated when the batch was formed (_alloc_decode)
             out = req.out_len + 1
             req.out_len = out
             if req.first_token_s is None or out >= req.max_new:
