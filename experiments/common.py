@@ -3,11 +3,13 @@ handed to every experiment, and the goodput-search helpers built on `sim.sweep`.
 
 from __future__ import annotations
 
+from sim.lazy import lazy
+
 import copy
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import pandas as pd
+pd = lazy("pandas")  # imported on first use (sim/lazy.py)
 
 from sim.schemes import STATIC_CHUNKS, scheme_table
 from sim.sweep import Runner, Search, goodput_searches, per_rate_rows

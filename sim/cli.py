@@ -113,8 +113,13 @@ def cmd_run(args) -> int:
     it_df = iterations_frame(result)
     summary = summarize(result, req_df, it_df)
     summary["context"] = context
-    req_df.to_csv(out / "requests.csv", index=False)
-    it_df.to_csv(out / "iterations.csv", index=False)
+    from sim.csvout import write_csv
+
+    write_csv(req_df, out / "requests.csv")
+    if args.iterations:
+        write_csv(it_df, out / "iterations.csv")
+    else:
+        (out / "iterations.csv").unlink(missing_ok=True)  # not a stale one from an earlier run
     (out / "config.toml").write_text(tomlio.dumps(cfg.to_dict()))
     (out / "summary.json").write_text(json.dumps(_jsonable(summary), indent=2, sort_keys=True) + "\n")
     import pandas as pd
@@ -208,6 +213,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="replay this trace file instead of the config's workload (format detected)")
     p.add_argument("--limit", type=int, default=None, metavar="N", help="with --trace: only the first N rows")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    p.add_argument("--no-iterations", dest="iterations", action="store_false",
+                   help="do not write iterations.csv (one row per iteration: the largest output); "
+                        "the summary still covers every iteration")
     p.add_argument("--timeline", action="store_true",
                    help="also write timeline.json (Perfetto/Chrome trace) and timeline.png (Gantt chart)")
     p.add_argument("--window", default=None, metavar="START:END",

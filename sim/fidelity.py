@@ -13,11 +13,13 @@ to which target. Nothing is tuned here: the report only reads results.
 
 from __future__ import annotations
 
+from sim.lazy import lazy
+
 import argparse
 import math
 from pathlib import Path
 
-import pandas as pd
+pd = lazy("pandas")  # imported on first use (sim/lazy.py)
 
 from sim.config import REPO_ROOT
 from sim.errors import DataError

@@ -28,15 +28,19 @@ stage{s}_idle_ms (idle = the bubble: iteration length minus busy time).
 
 from __future__ import annotations
 
-import math
+from sim.lazy import lazy
 
-import numpy as np
-import pandas as pd
+import math
+from array import array
+
+np = lazy("numpy")  # imported on first use (sim/lazy.py)
+pd = lazy("pandas")  # imported on first use (sim/lazy.py)
 
 from sim.bench_metrics import bench_metrics, pooled_itls_ms
 from sim.config import SLOConfig
 from sim.saturation import saturation
 from sim.slo import pkey
+from sim.engine.records import ModeColumn, StageBusy
 
 
 def requests_frame(result, slo: SLOConfig | None = None) -> pd.DataFrame:
@@ -77,17 +81,20 @@ def requests_frame(result, slo: SLOConfig | None = None) -> pd.DataFrame:
 
 
 def iterations_frame(result) -> pd.DataFrame:
-    df = pd.DataFrame(result.iterations)
+    # typed columns (sim/engine/records.py) convert without a Python object per value
+    df = pd.DataFrame({c: (v.tolist() if isinstance(v, ModeColumn) else np.asarray(v) if isinstance(v, array) else v)
+                       for c, v in result.iterations.items()})
     if df.empty:
         return df
     df.insert(4, "iter_ms", (df["end_s"] - df["start_s"]) * 1e3)
-    busy = np.asarray(result.stage_busy, dtype=float).reshape(len(df), -1)
-    host = getattr(result, "host_s", None)
-    if host is not None and len(host) == len(df):
-        overhead = np.asarray(host, dtype=float)
+    sb = result.stage_busy
+    busy = sb.to_numpy() if isinstance(sb, StageBusy) else np.asarray(sb, dtype=float).reshape(len(df), -1)
+    if "host_s" in df.columns:
+        overhead = df["host_s"].to_numpy(dtype=float)
+        df.insert(5, "host_ms", overhead * 1e3)
+        df = df.drop(columns=["host_s"])
     else:
         overhead = getattr(result, "iteration_overhead_s", 0.0)
-    df.insert(5, "host_ms", np.broadcast_to(np.asarray(overhead) * 1e3, (len(df),)).copy())
     for s in range(busy.shape[1]):
         start = df["start_s"] + overhead
         df[f"stage{s}_start_s"] = start

@@ -13,16 +13,15 @@ splits are not searched per policy. Splits that do not fit in memory are listed 
 
 from __future__ import annotations
 
+from sim.lazy import lazy, lazy_pyplot
+
 import argparse
 import copy
 import math
 from pathlib import Path
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import pandas as pd  # noqa: E402
+plt = lazy_pyplot()
+pd = lazy("pandas")  # imported on first use (sim/lazy.py)
 
 from sim.config import REPO_ROOT  # noqa: E402
 from sim.errors import ConfigError  # noqa: E402

@@ -6,16 +6,15 @@ time, KV usage and queue length over time, per-stage busy fraction), from the CS
 
 from __future__ import annotations
 
+from sim.lazy import lazy, lazy_pyplot
+
 import argparse
 import json
 from pathlib import Path
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-import pandas as pd  # noqa: E402
+plt = lazy_pyplot()
+np = lazy("numpy")  # imported on first use (sim/lazy.py)
+pd = lazy("pandas")  # imported on first use (sim/lazy.py)
 
 from sim.errors import DataError  # noqa: E402
 

@@ -8,9 +8,11 @@ identical arrivals (common random numbers). No global RNG is used anywhere in Pi
 
 from __future__ import annotations
 
+from sim.lazy import lazy
+
 import zlib
 
-import numpy as np
+np = lazy("numpy")  # imported on first use (sim/lazy.py)
 
 
 def stream(seed: int, name: str) -> np.random.Generator:

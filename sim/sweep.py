@@ -19,6 +19,8 @@ search the goodput (the highest rate at which P90 TTFT and P90 TPOT meet the SLO
 
 from __future__ import annotations
 
+from sim.lazy import lazy
+
 import copy
 import hashlib
 import json
@@ -26,13 +28,12 @@ import math
 import os
 import re
 import time
-from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-import numpy as np
-from scipy import stats as sstats
+np = lazy("numpy")  # imported on first use (sim/lazy.py)
+sstats = lazy("scipy.stats")  # imported on first use (sim/lazy.py)
 
 from sim.errors import ConfigError
 from sim.metrics import meets_slo  # noqa: F401  (re-exported: the goodput criterion)
@@ -129,6 +130,8 @@ class Runner:
         return [self.cache[pid] for pid in ids]
 
     def _run_processes(self, todo: dict[str, dict], bar) -> None:
+        from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait  # slow to import
+
         with ProcessPoolExecutor(max_workers=min(self.jobs, len(todo))) as pool:
             futures = {pool.submit(self.evaluate_fn, t): pid for pid, t in todo.items()}
             pending = set(futures)

@@ -9,14 +9,13 @@ draws the stages of a chosen time window as a Gantt chart: white gaps are pipeli
 
 from __future__ import annotations
 
+from sim.lazy import lazy, lazy_pyplot
+
 import json
 from pathlib import Path
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
+plt = lazy_pyplot()
+np = lazy("numpy")  # imported on first use (sim/lazy.py)
 
 MODE_COLORS = {"extend": "#d62728", "mixed": "#ff7f0e", "decode": "#1f77b4"}
 
@@ -26,7 +25,8 @@ def stage_slices(result):
     index of the iteration at which the micro-batch entered stage 0."""
     it = result.iterations
     replicas = it.get("replica", [0] * len(it["iteration"]))
-    host = getattr(result, "host_s", None) or []
+    host = it.get("host_s", getattr(result, "host_s", None))
+    host = list(host) if host is not None else []
     out = []
     first_of_replica: dict[int, int] = {}
     for row, rep in enumerate(replicas):

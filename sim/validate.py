@@ -27,13 +27,15 @@ SGLang's latency also counts the closing [DONE] chunk, a few ms).
 
 from __future__ import annotations
 
+from sim.lazy import lazy
+
 import json
 import math
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-import pandas as pd
+np = lazy("numpy")  # imported on first use (sim/lazy.py)
+pd = lazy("pandas")  # imported on first use (sim/lazy.py)
 
 from sim.bench_metrics import bench_metrics
 from sim.errors import ConfigError, DataError

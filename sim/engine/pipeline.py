@@ -18,14 +18,10 @@ import simpy
 from simpy.events import NORMAL
 
 from sim.engine.scheduler import INIT_NEW_TOKEN_RATIO, RunFailed, Scheduler
+from sim.engine.records import COLUMNS as ITER_COLUMNS, IterationLog
 from sim.engine.state import Req
 from sim.engine.view import BatchInfo, SchedulerView
 from sim.slo import need_over
-
-ITER_COLUMNS = (
-    "iteration", "slot", "start_s", "end_s", "mode", "num_tokens", "prefill_tokens", "num_prefill",
-    "num_decode", "chunk_size", "kv_used_tokens", "num_waiting", "num_running",
-)
 
 
 def _trigger_after(env: simpy.Environment, event: simpy.Event, delay: float) -> None:
@@ -150,9 +146,8 @@ class Pipeline:
         self.guard = guard
         # per-iteration variance draws (sim/latency/variance.py); None: a zero-variance truth
         self.noise = noise
-        self.iters: dict[str, list] = {c: [] for c in ITER_COLUMNS}
-        self.stage_busy: list[tuple[float, ...]] = []
-        self.overhead_log: list[float] = []  # host time (CPU, broadcast, stalls) of each iteration
+        self._host_s = 0.0  # this iteration's host time (CPU, broadcast, stalls), recorded with it
+        self.log = IterationLog(self.P)
         self.kv_peak = 0
         # stage processes share one "go" event per iteration and count down to "done"
         self.go = env.event()
@@ -230,7 +225,7 @@ class Pipeline:
                 mb.stage_s = self.latency.stage_times(mb.stats)
                 idle_turns = 0
             inflight.appendleft(mb)
-            if not any(inflight):
+            if mb is None and not any(inflight):
                 # NOTE: the artifact's idle path resets the token-ratio estimate.
                 sched.new_token_ratio = INIT_NEW_TOKEN_RATIO
                 running = any(sl.running for sl in sched.slots)
@@ -254,7 +249,7 @@ class Pipeline:
             if noise is not None:
                 self.factors, stall_s = noise.next()
                 host_s += stall_s
-            self.overhead_log.append(host_s)
+            self._host_s = host_s
             # the stages start once the host time is paid (one event wakes them all)
             _trigger_after(env, go, host_s if host_s > 0 else 0.0)
             yield self.done
@@ -296,27 +291,26 @@ class Pipeline:
 
         return rebalance
 
+    @property
+    def iters(self) -> dict:
+        """Column name -> typed column of this pipeline's iterations (see records.py)."""
+        return self.log.columns
+
+    @property
+    def stage_busy(self):
+        return self.log.stage_busy
+
     def _record(self, k, slot, start, end, mb, kv_used) -> None:
-        it, sched = self.iters, self.sched
-        it["iteration"].append(k)
-        it["slot"].append(slot)
-        it["start_s"].append(start)
-        it["end_s"].append(end)
+        sched = self.sched
+        used = sched.kv_capacity - sched.kv_free
+        if used > self.kv_peak or kv_used > self.kv_peak:
+            self.kv_peak = max(self.kv_peak, used, kv_used)
         if mb is None:
-            it["mode"].append("idle")
-            for c in ("num_tokens", "prefill_tokens", "num_prefill", "num_decode"):
-                it[c].append(0)
+            row = (k, slot, start, end, "idle", 0, 0, 0, 0, sched.chunk_size, used,
+                   len(sched.waiting), sched.num_active, self._host_s)
         else:
             st = mb.stats
-            it["mode"].append(mb.mode)
-            it["num_tokens"].append(st.num_tokens)
-            it["prefill_tokens"].append(st.prefill_tokens)
-            it["num_prefill"].append(st.num_prefill)
-            it["num_decode"].append(st.num_decode)
-        it["chunk_size"].append(sched.chunk_size)
-        used = sched.kv_used()
-        self.kv_peak = max(self.kv_peak, used, kv_used)
-        it["kv_used_tokens"].append(used)
-        it["num_waiting"].append(len(sched.waiting))
-        it["num_running"].append(sched.num_active)
-        self.stage_busy.append(tuple(self.busy))
+            row = (k, slot, start, end, mb.mode, st.prefill_tokens + st.num_decode, st.prefill_tokens,
+                   st.num_prefill, st.num_decode, sched.chunk_size, used, len(sched.waiting), sched.num_active,
+                   self._host_s)
+        self.log.record(row, self.busy)

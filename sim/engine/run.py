@@ -6,11 +6,13 @@ Pure: no files are written here (the CLI and the experiment layer do I/O).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import simpy
 
 from sim.config import RunConfig
 from sim.engine.pipeline import Inbox, Pipeline, SLOGuard
+from sim.engine.records import IterationLog
 from sim.engine.scheduler import Scheduler
 from sim.engine.state import Req
 from sim.errors import ConfigError
@@ -29,8 +31,8 @@ class RunResult:
     status: str  # "ok" or "failed"
     reason: str
     requests: list[Req]
-    iterations: dict
-    stage_busy: list
+    iterations: dict  # column name -> typed column (sim/engine/records.py); indexes like a list
+    stage_busy: list  # stage_busy[row]: per-stage busy seconds of iteration `row` (a StageBusy)
     decisions: list  # (time_s, slot, old_chunk, new_chunk, reason)
     moves: list  # (time_s, slot, req_id, action, where)
     kv_capacity_tokens: int
@@ -46,7 +48,7 @@ def build_latency(cfg: RunConfig):
     lat, pp = cfg.latency, cfg.parallel.pp
     if lat.kind == "constant":
         return ConstantLatencyModel(pp, lat.stage_ms, lat.overhead_ms)
-    profile = Profile.load(lat.profile_path())
+    profile = load_profile_cached(lat.profile_path())
     if lat.overrides:
         from sim.latency.analysis import with_overrides
 
@@ -56,6 +58,25 @@ def build_latency(cfg: RunConfig):
             f"config [parallel] tp = {cfg.parallel.tp} but profile {lat.profile} is for tp = {profile.tp}"
         )
     return ProfiledLatencyModel(profile, pp, noise_cv=lat.noise_cv, seed=cfg.seed, variance=lat.variance)
+
+
+_PROFILES: dict[tuple, Profile] = {}
+
+
+def load_profile_cached(path) -> Profile:
+    """`Profile.load`, once per process for each profile folder (sweeps run many points on one
+    profile). Keyed by the folder and its files' modification times, so an edited profile is
+    read again; profiles are read-only data, so sharing one between runs changes no result."""
+    folder = Path(path).resolve()
+    stamp = tuple(sorted((p.name, p.stat().st_mtime_ns) for p in folder.iterdir() if p.is_file())) \
+        if folder.is_dir() else ()
+    key = (str(folder), stamp)
+    profile = _PROFILES.get(key)
+    if profile is None:
+        profile = Profile.load(path)
+        if stamp:
+            _PROFILES[key] = profile
+    return profile
 
 
 def pool_sizes(cfg: RunConfig, latency) -> tuple[int, int, int, int]:
@@ -126,24 +147,18 @@ def run(cfg: RunConfig, requests: list[RequestSpec] | None = None) -> RunResult:
     env.run(until=env.all_of([p.proc for p in pipes]))
     failed = [p for p in pipes if p.status == "failed"]
     stopped = [p for p in pipes if p.status == "stopped"]
-    iters: dict = {c: [] for c in pipes[0].iters}
-    iters["replica"] = []
-    busy, decisions, moves, host = [], [], [], []
-    for i, p in enumerate(pipes):
-        for c, vals in p.iters.items():
-            iters[c].extend(vals)
-        iters["replica"].extend([i] * len(p.iters["iteration"]))
-        busy.extend(p.stage_busy)
-        host.extend(p.overhead_log)
+    log = IterationLog.merge([p.log for p in pipes], cfg.parallel.pp)
+    decisions, moves = [], []
+    for p in pipes:
         decisions.extend(p.decisions)
         moves.extend(p.move_log)
     return RunResult(
         config=cfg, status="failed" if failed else "stopped" if stopped else "ok",
         reason=(guard.reason if stopped and not failed else
                 "; ".join(f"replica {pipes.index(p)}: {p.reason}" if n > 1 else p.reason for p in failed)),
-        requests=reqs, iterations=iters, stage_busy=busy, decisions=decisions, moves=moves,
+        requests=reqs, iterations=log.columns, stage_busy=log.stage_busy, decisions=decisions, moves=moves,
         kv_capacity_tokens=kv, kv_peak_tokens=max(p.kv_peak for p in pipes), max_running_requests=max_running,
-        end_s=env.now, iteration_overhead_s=latency.iteration_overhead_s, host_s=host,
+        end_s=env.now, iteration_overhead_s=latency.iteration_overhead_s, host_s=log.columns["host_s"],
         extras={"stage_layers": list(getattr(latency, "layers", [])),
                 "num_kv_exhausted": sum(p.sched.kv_exhausted_events for p in pipes)},
     )

@@ -16,6 +16,7 @@ and requeues as on a decode OOM.
 
 from __future__ import annotations
 
+from array import array
 from collections import deque
 from operator import itemgetter
 
@@ -69,8 +70,8 @@ class Scheduler:
         self.arrived: list[Req] = []  # every request the scheduler has seen, in arrival order
         # Append-only samples the controllers read (server-side signals, system model 2.2):
         # TTFT from scheduler arrival, and per-slot cycle times (the artifact's "TPOT").
-        self.ttft_samples: list[float] = []
-        self.tpot_samples: list[float] = []
+        self.ttft_samples = array("d")  # compact: one per request / per iteration
+        self.tpot_samples = array("d")
         self.num_finished = 0
         self.retractions = 0
 
@@ -100,9 +101,10 @@ class Scheduler:
                 f"needed, {self.kv_free} of {self.kv_capacity} free (the real server exits)"
             )
         self.kv_free -= len(reqs)
+        # NOTE: each request's own count (kv_held) takes the slot when its token comes back
+        # (process_result): it is only read to free a request, never while its batch is in flight.
         ctx = 0
         for r in reqs:
-            r.kv_held += 1
             ctx += r.prompt_len + r.out_len
         return ctx
 
@@ -158,9 +160,11 @@ class Scheduler:
         last = slot.last
         if last is None or last.mode == DECODE:
             return
-        reqs = [r for r in last.requests() if r is not last.chunked]
-        kept = [r for r in reqs if not r.finished]
-        if len(kept) < len(reqs):
+        chunked = last.chunked
+        kept = [p[0] for p in last.prefill if p[0] is not chunked and not p[0].finished]
+        kept += [r for r in last.decodes if not r.finished]
+        # (the request being chunked is never a decode)
+        if len(kept) < sum(1 for p in last.prefill if p[0] is not chunked) + len(last.decodes):
             self.batch_is_full = False
         if kept:
             if slot.running is None:
@@ -174,7 +178,8 @@ class Scheduler:
         for s in self.slots:
             if s.running:
                 for r in s.running:
-                    total += min(r.max_new - r.out_len, CLIP_MAX_NEW_TOKENS)
+                    left = r.max_new - r.out_len
+                    total += left if left < CLIP_MAX_NEW_TOKENS else CLIP_MAX_NEW_TOKENS
         return total * self.new_token_ratio
 
     def _prefill_batch(self, slot: Slot, now_s: float) -> MicroBatch | None:
@@ -302,6 +307,7 @@ class Scheduler:
                 self._emit(req, now_s)
         # the hot loop: _emit inlined for decodes (they already have their first token)
         for req in mb.decodes:
+            req.kv_held += 1  # the KV slot allocated when the batch was formed (_alloc_decode)
             out = req.out_len + 1
             req.out_len = out
             if req.first_token_s is None or out >= req.max_new:

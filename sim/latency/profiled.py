@@ -49,13 +49,15 @@ the bytes (a ring all-gather moves half the bytes of a ring all-reduce).
 
 from __future__ import annotations
 
+from sim.lazy import lazy
+
 import bisect
 import math
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
-import pandas as pd
+np = lazy("numpy")  # imported on first use (sim/lazy.py)
+pd = lazy("pandas")  # imported on first use (sim/lazy.py)
 
 from sim.errors import ConfigError, DataError
 from sim.tomlio import read_toml

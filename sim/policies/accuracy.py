@@ -25,11 +25,13 @@ overrides the stage jitter for experiments; None (the default) keeps the config'
 
 from __future__ import annotations
 
+from sim.lazy import lazy
+
 import dataclasses
 import time
 
-import numpy as np
-import pandas as pd
+np = lazy("numpy")  # imported on first use (sim/lazy.py)
+pd = lazy("pandas")  # imported on first use (sim/lazy.py)
 
 from sim.config import PolicySpec
 from sim.policies.base import chunk_policies

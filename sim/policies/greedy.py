@@ -7,9 +7,11 @@ the KV watermark and the safety guard.
 
 from __future__ import annotations
 
+from sim.lazy import lazy
+
 import math
 
-import numpy as np
+np = lazy("numpy")  # imported on first use (sim/lazy.py)
 
 from sim.errors import ConfigError
 from sim.policies.base import ChunkDecision, chunk_policies

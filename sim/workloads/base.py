@@ -8,11 +8,13 @@ kind and its parameters, and a run config may override any of those parameters.
 
 from __future__ import annotations
 
+from sim.lazy import lazy
+
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping, Protocol
 
-import numpy as np
+np = lazy("numpy")  # imported on first use (sim/lazy.py)
 
 from sim.errors import ConfigError
 from sim.registry import Registry

@@ -8,6 +8,8 @@ for tests and `python -m sim.workloads.cli`).
 
 from __future__ import annotations
 
+from sim.lazy import lazy
+
 import argparse
 import json
 import sys
@@ -15,7 +17,7 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-import numpy as np
+np = lazy("numpy")  # imported on first use (sim/lazy.py)
 
 from sim.errors import ConfigError, PipeSimError
 from sim.workloads import available_workloads, load_workload_file

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import urllib.error
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -83,6 +81,9 @@ def fetch(download_id: str, *, url: str | None = None, cache: Path | None = None
     # Download next to the target and rename only after the hash check, so a failed or
     # interrupted download never leaves a file a trace workload would read.
     part = folder / f".{d.file_name}.part"
+    import urllib.error  # here, not at the top: only fetching needs the network stack
+    import urllib.request
+
     try:
         with urllib.request.urlopen(src, timeout=60) as resp, part.open("wb") as fh:
             while block := resp.read(1 << 20):

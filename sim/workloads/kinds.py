@@ -9,9 +9,11 @@
 
 from __future__ import annotations
 
+from sim.lazy import lazy
+
 from typing import Any, Mapping
 
-import numpy as np
+np = lazy("numpy")  # imported on first use (sim/lazy.py)
 
 from sim.errors import ConfigError
 from sim.rng import stream

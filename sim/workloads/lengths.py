@@ -15,11 +15,13 @@ Every source accepts `swap = true` (prompt and output exchanged, the artifact's 
 
 from __future__ import annotations
 
+from sim.lazy import lazy
+
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, Mapping
 
-import numpy as np
+np = lazy("numpy")  # imported on first use (sim/lazy.py)
 
 from sim.errors import ConfigError, DataError
 

@@ -11,9 +11,11 @@ workload (its arrival mode, Poisson rate, seed). Other kinds are always describe
 from __future__ import annotations
 
 from pathlib import Path
+from sim.lazy import lazy
+
 from typing import Any, Mapping, Sequence
 
-import numpy as np
+np = lazy("numpy")  # imported on first use (sim/lazy.py)
 
 from sim.errors import ConfigError
 from sim.workloads import load_workload_file, workload_kinds, workload_path

@@ -23,14 +23,16 @@ and a `num_requests` larger than the file is an error.
 
 from __future__ import annotations
 
+from sim.lazy import lazy
+
 import os
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, Mapping
 
-import numpy as np
-import pandas as pd
+np = lazy("numpy")  # imported on first use (sim/lazy.py)
+pd = lazy("pandas")  # imported on first use (sim/lazy.py)
 
 from sim.errors import ConfigError, DataError
 from sim.registry import Registry

@@ -1,0 +1,65 @@
+"""Compact iteration records (sim/engine/records.py) read back exactly what was recorded, and
+the engine's speed-ups changed no number: a hand-checked latency sum and the memory test."""
+
+from __future__ import annotations
+
+import pytest
+
+from sim.engine.records import COLUMNS, IterationLog
+from sim.engine.scheduler import PrefillAdder, Scheduler
+from sim.engine.state import Req
+from sim.latency.base import BatchStats
+from sim.latency.profiled import Profile, ProfiledLatencyModel
+
+
+def _row(k: int, mode: str) -> tuple:
+    return (k, k % 2, 0.5 * k, 0.5 * k + 0.25, mode, 10 + k, k, 1, 9, 512, 1000 + k, 3, 7)
+
+
+def test_log_reads_back_rows_across_blocks_and_merges_replicas():
+    logs = []
+    for rep, n in ((0, IterationLog.BLOCK + 3), (1, 5)):
+        log = IterationLog(2)
+        for k in range(n):
+            log.record(_row(k, "decode" if k % 3 else "idle"), [0.1 * k, 0.2 * k])
+        assert len(log) == n
+        logs.append(log)
+    merged = IterationLog.merge(logs, 2)
+    cols, busy = merged.columns, merged.stage_busy
+    n0 = IterationLog.BLOCK + 3
+    assert len(busy) == len(cols["iteration"]) == n0 + 5
+    assert list(cols["replica"][n0 - 1:n0 + 1]) == [0, 1]
+    row = n0 + 4  # replica 1, k = 4
+    assert tuple(cols[c][row] for c in COLUMNS) == _row(4, "decode")
+    assert busy[row] == (0.1 * 4, 0.2 * 4) and busy[-1] == busy[row]
+    assert busy[:2] == [(0.0, 0.0), (0.1, 0.2)]
+    assert cols["mode"][0] == "idle" and list(cols["mode"])[1] == "decode"
+    assert busy.to_numpy().shape == (n0 + 5, 2)
+
+
+def test_stage_times_equal_the_sum_of_stage_time_parts():
+    """The cached fast path is bit for bit the protocol's StepTime total, stage by stage."""
+    prof = Profile.load("profiles/a100-pcie-40gb/qwen2.5-32b/tp1")
+    m = ProfiledLatencyModel(prof, 4)
+    for st in (BatchStats(300, 2, 300 * 300 - 2 * 150 * 150, 150 * 40, 12, 12 * 1500), BatchStats.decode(64, 900),
+               BatchStats.prefill(512, 1024), BatchStats()):
+        assert m.stage_times(st) == tuple(m.stage_time(st, s).total_s for s in range(4))
+
+
+def _req(rid: int, prompt: int, out: int, done: int) -> Req:
+    r = Req(rid, 0.0, prompt, out, 10_000, 20_000)
+    r.out_len = done
+    return r
+
+
+@pytest.mark.parametrize("cur_rem, expect", [(71, True), (70, False), (1000, True)])
+def test_memory_test_by_hand(cur_rem, expect):
+    """Two running requests (tokens left 5 and 20, a 0 margin at one slot; contexts 100 and 50)
+    and a new request (prompt 40, 10 tokens left): sorted by tokens left, (5, 100), (10, 40),
+    (20, 50); with rem = cur_rem - 40 the walk needs rem + freed_i - steps_i * (n - i) > 0:
+    i=0: rem - 10*3, i=1: rem + 100 - 20*2, i=2: rem + 140 - 20*1; the first binds: rem > 30."""
+    sched = Scheduler(1, 10_000, 64, 4096)
+    sched.slots[0].running = [_req(1, 95, 10, 5), _req(2, 30, 40, 20)]
+    adder = PrefillAdder(sched, 0)
+    adder.cur_rem = cur_rem
+    assert adder._passes_memory_test(_req(3, 40, 10, 0)) is expect
