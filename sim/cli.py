@@ -203,8 +203,10 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:
         # The reader (e.g. `| head -1`) left: stop quietly, as `cat` does (128 + SIGPIPE).
         # Point stdout at /dev/null so the interpreter's final flush does not fail again.
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
+        try:
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        except (OSError, ValueError, AttributeError):
+            pass  # stdout is not a file descriptor (e.g. captured): nothing will flush it at exit
         return 141
     except OSError as exc:
         if exc.filename is None:
