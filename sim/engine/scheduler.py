@@ -55,7 +55,7 @@ class Scheduler:
                  on_kv_exhausted: str = "exit") -> None:
         self.num_slots = num_slots
         self.retract_on_kv_exhausted = on_kv_exhausted == "retract"
-        self.kv_exhausted_events = 0  # prefill/mixed batches dropped for lack of KV ("retract")
+        self.kv_exhausted_events = 0  # batches dropped or requests requeued for lack of KV ("retract")
         self.kv_capacity = kv_tokens
         self.kv_free = kv_tokens
         self.max_running = max_running_requests
