@@ -285,27 +285,35 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:
         # The reader (e.g. `| head -1`) left: stop quietly, as `cat` does (128 + SIGPIPE).
         # Point stdout at /dev/null so the interpreter's final flush does not fail again.
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
+        try:
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        except (OSError, ValueError, AttributeError):
+            pass  # stdout is not a file descriptor (e.g. captured): nothing will flush it at exit
         return 141
     except OSError as exc:
-        if exc.filename is None:
-            raise
+        if exc.filename is None or os.environ.get("PPSIM_DEBUG"):
+            return _internal_error(exc)
         print(f"ppsim: error: {_flag_of(args, str(exc.filename))}{exc.filename}: {exc.strerror or exc}",
               file=sys.stderr)
         return 2
-    except Exception as exc:  # noqa: BLE001 - a bug: one line, exit 1; PPSIM_DEBUG=1 shows the traceback
-        if os.environ.get("PPSIM_DEBUG"):
-            raise
-        where = ""
-        tb = exc.__traceback__
-        while tb is not None and tb.tb_next is not None:
-            tb = tb.tb_next
-        if tb is not None:
-            where = f" at {os.path.basename(tb.tb_frame.f_code.co_filename)}:{tb.tb_lineno}"
-        print(f"ppsim: internal error: {type(exc).__name__}: {' '.join(str(exc).split())}{where} "
-              f"(a bug; rerun with PPSIM_DEBUG=1 for the traceback)", file=sys.stderr)
-        return 1
+    except Exception as exc:  # noqa: BLE001 - a bug: one line, exit 1
+        return _internal_error(exc)
+
+
+def _internal_error(exc: BaseException) -> int:
+    """A bug: one line naming the exception and where it was raised, exit 1;
+    PPSIM_DEBUG=1 re-raises it for the traceback."""
+    if os.environ.get("PPSIM_DEBUG"):
+        raise exc
+    where = ""
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    if tb is not None:
+        where = f" at {os.path.basename(tb.tb_frame.f_code.co_filename)}:{tb.tb_lineno}"
+    print(f"ppsim: internal error: {type(exc).__name__}: {' '.join(str(exc).split())}{where} "
+          f"(a bug; rerun with PPSIM_DEBUG=1 for the traceback)", file=sys.stderr)
+    return 1
 
 
 if __name__ == "__main__":

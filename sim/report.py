@@ -2,6 +2,8 @@
 
 Writes `DIR/report.md` (summary tables) and `DIR/report.png` (latency CDFs, chunk size over
 time, KV usage and queue length over time, per-stage busy fraction), from the CSVs alone.
+A failed, stopped or saturated run says so first: a banner at the top of report.md, a red
+title on report.png, and the saturated phase shaded on the time plots.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ def make_report(run_dir: str | Path) -> tuple[Path, Path]:
     summary = json.loads(summary_path.read_text())
     decisions = pd.read_csv(run_dir / "decisions.csv") if (run_dir / "decisions.csv").is_file() else pd.DataFrame()
 
+    banner = run_banner(summary)
     fig, axes = plt.subplots(2, 3, figsize=(16, 8.5))
     fin = req[req["status"] == "finished"]
     for ax, metric, slo in ((axes[0, 0], "ttft_ms", summary.get("slo_ttft_ms")),
@@ -66,6 +69,10 @@ def make_report(run_dir: str | Path) -> tuple[Path, Path]:
     ax.set_xlabel("time (s)")
     ax.set_ylabel("chunk size (tokens)")
     ax.set_title(f"chunk size over time ({len(decisions)} changes)")
+    if summary.get("saturated") and summary.get("saturated_since_s") is not None:
+        for ax in (axes[1, 0], axes[1, 1]):
+            ax.axvspan(summary["saturated_since_s"], summary.get("saturated_until_s") or it["end_s"].max(),
+                       color="tab:red", alpha=0.08, label="saturated phase")
     ax = axes[1, 1]
     ax.plot(it["start_s"], it["kv_used_tokens"], lw=0.8, label="KV used (tokens)")
     ax.axhline(summary.get("kv_capacity_tokens", np.nan), color="k", ls="--", lw=0.8, label="KV capacity")
@@ -84,7 +91,10 @@ def make_report(run_dir: str | Path) -> tuple[Path, Path]:
     axes[1, 2].set_ylim(0, 1)
     axes[1, 2].set_ylabel("busy fraction")
     axes[1, 2].set_title("per-stage busy fraction (1 - bubbles)")
-    fig.suptitle(f"PipeSim run: {run_dir}", fontsize=11)
+    if banner:
+        fig.suptitle(f"PipeSim run: {run_dir}\n{banner}", fontsize=12, color="tab:red", fontweight="bold")
+    else:
+        fig.suptitle(f"PipeSim run: {run_dir}", fontsize=11)
     fig.tight_layout()
     png = run_dir / "report.png"
     fig.savefig(png, dpi=100, bbox_inches="tight")
@@ -92,8 +102,12 @@ def make_report(run_dir: str | Path) -> tuple[Path, Path]:
 
     keys = ["status", "num_requests", "num_finished", "slo_attainment", "ttft_attainment", "tpot_attainment",
             "throughput_rps", "output_tokens_per_s", "bubble_fraction", "kv_capacity_tokens", "kv_peak_tokens",
-            "num_retractions", "num_chunk_decisions", "num_rebalancer_moves", "duration_s"]
-    lines = [f"# Run report: {run_dir}", "", "## Summary", "", "| metric | value |", "|---|---|"]
+            "num_retractions", "num_chunk_decisions", "num_rebalancer_moves", "duration_s", "saturated",
+            "saturated_since_s", "saturated_until_s", "sustained_throughput_rps", "num_kv_exhausted", "stage_layers"]
+    lines = [f"# Run report: {run_dir}", ""]
+    if banner:
+        lines += [f"> **{banner}**", ""]
+    lines += ["## Summary", "", "| metric | value |", "|---|---|"]
     lines += [f"| {k} | {_fmt(summary.get(k))} |" for k in keys if k in summary]
     if summary.get("reason"):
         lines.append(f"| reason | {summary['reason']} |")
@@ -110,6 +124,20 @@ def make_report(run_dir: str | Path) -> tuple[Path, Path]:
     md = run_dir / "report.md"
     md.write_text("\n".join(lines))
     return md, png
+
+
+def run_banner(summary: dict) -> str:
+    """One line for a run that did not simply finish: failed, stopped early, or saturated."""
+    parts = []
+    status = summary.get("status", "ok")
+    if status != "ok":
+        parts.append(f"RUN {str(status).upper()}: {summary.get('reason') or 'no reason recorded'}")
+    if summary.get("saturated"):
+        rate = summary.get("sustained_throughput_rps")
+        since = summary.get("saturated_since_s")
+        parts.append("SATURATED: the queue kept growing" + (f" from t={since:.1f}s" if since is not None else "")
+                     + (f"; sustained throughput {rate:.3g} req/s (the capacity at this load)" if rate is not None else ""))
+    return " | ".join(parts)
 
 
 def _fmt(v) -> str:

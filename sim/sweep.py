@@ -46,7 +46,8 @@ SUMMARY_FIELDS = (
     "p50_iter_ms", "p90_iter_ms", "p99_iter_ms", "mean_iter_ms", "bubble_fraction", "kv_peak_tokens",
     "kv_capacity_tokens", "num_retractions", "duration_s", "num_iterations", "num_chunk_decisions",
     "num_rebalancer_moves", "bubble_ms_per_iter", "total_bubble_s", "prefill_tokens_per_s", "output_tokens_per_s",
-    "slo_ttft_ms", "slo_tpot_ms", "slo_e2e_ms", "slo", "meets_slo", "num_late_requests",
+    "slo_ttft_ms", "slo_tpot_ms", "slo_e2e_ms", "slo", "meets_slo", "num_late_requests", "saturated",
+    "sustained_throughput_rps",
 )
 # Percentiles an SLO names besides P50/P90/P99 (e.g. p95_ttft_ms) travel with the summary too.
 PERCENTILE_KEY = re.compile(r"^(late_)?p[0-9.]+_(ttft|tpot|e2e)_ms$")
@@ -75,7 +76,19 @@ def evaluate(table: dict) -> dict:
 
 
 class Runner:
-    """Runs points with caching, in parallel, with a progress bar."""
+    """Runs points with caching, in parallel, with a progress bar.
+
+    The cache is a JSON-lines file, one point per line: `{"id", "table", "summary", "check"}`,
+    `check` being a hash of the other three. It survives faults:
+
+    - a line cut by a kill, or altered on disk, fails to parse or to match its id or check
+      and is ignored (that point runs again); appends start on a fresh line;
+    - appends are single writes under an exclusive `flock`, flushed and fsynced, so sweeps
+      sharing a cache folder never interleave lines; each `run` first reads what other
+      sweeps have added, so a point finished elsewhere is not simulated again;
+    - summaries are kept as JSON round-trips, so a point read back from the cache is
+      identical to one just simulated, and a sweep killed and restarted ends byte-identical.
+    """
 
     def __init__(self, cache_path: str | Path | None = None, jobs: int = 1, executor: str = "process",
                  address: str | None = None, progress: bool = True, evaluate_fn: Callable = evaluate) -> None:
@@ -90,25 +103,73 @@ class Runner:
         self.progress = progress
         self.evaluate_fn = evaluate_fn
         self.cache: dict[str, dict] = {}
-        if self.cache_path and self.cache_path.is_file():
-            for line in self.cache_path.read_text().splitlines():
-                if line.strip():
-                    try:
-                        rec = json.loads(line)
-                    except json.JSONDecodeError:
-                        continue  # a line cut by an interrupt: that point simply runs again
-                    self.cache[rec["id"]] = rec["summary"]
+        self.num_bad_lines = 0  # cut or corrupt cache lines seen (their points run again)
+        self._read_offset = 0
+        self._load()
+
+    @staticmethod
+    def _check(pid: str, table: dict, summary: dict) -> str:
+        return hashlib.sha1(json.dumps([pid, table, summary], sort_keys=True).encode()).hexdigest()[:16]
+
+    def _load(self) -> None:
+        """Read the cache lines appended since the last read (by this or another sweep)."""
+        if not self.cache_path or not self.cache_path.is_file():
+            return
+        import fcntl
+
+        with self.cache_path.open("rb") as fh:
+            fcntl.flock(fh, fcntl.LOCK_SH)
+            try:
+                if os.fstat(fh.fileno()).st_size < self._read_offset:
+                    self._read_offset = 0  # the file was replaced: read it again
+                fh.seek(self._read_offset)
+                data = fh.read()
+            finally:
+                fcntl.flock(fh, fcntl.LOCK_UN)
+        end = data.rfind(b"\n") + 1  # a last line without its newline may still be being written
+        self._read_offset += end
+        for line in data[:end].split(b"\n"):
+            if line.strip():
+                rec = self._parse(line)
+                if rec is None:
+                    self.num_bad_lines += 1
+                else:
+                    self.cache.setdefault(rec["id"], rec["summary"])
+
+    def _parse(self, line: bytes) -> dict | None:
+        try:
+            rec = json.loads(line)
+            pid, table, summary = rec["id"], rec["table"], rec["summary"]
+        except (ValueError, TypeError, KeyError):
+            return None
+        if not isinstance(summary, dict) or not isinstance(table, dict) or pid != point_id(table):
+            return None
+        # NOTE: lines written before checks existed carry none; their id still matches the table.
+        if "check" in rec and rec["check"] != self._check(pid, table, summary):
+            return None
+        return rec
 
     def _store(self, pid: str, table: dict, summary: dict) -> None:
-        self.cache[pid] = summary
+        text = json.dumps({"id": pid, "table": table, "summary": summary,
+                           "check": self._check(pid, table, summary)}, sort_keys=True)
+        self.cache[pid] = json.loads(text)["summary"]  # what a resumed sweep reads back
         if self.cache_path:
+            import fcntl
+
             self.cache_path.parent.mkdir(parents=True, exist_ok=True)
-            with self.cache_path.open("a") as fh:
-                fh.write(json.dumps({"id": pid, "table": table, "summary": summary}, sort_keys=True) + "\n")
-                fh.flush()
-                os.fsync(fh.fileno())
+            fd = os.open(self.cache_path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX)
+                size = os.fstat(fd).st_size
+                # a line cut by a kill must not swallow this one
+                lead = b"\n" if size and os.pread(fd, 1, size - 1) != b"\n" else b""
+                os.write(fd, lead + text.encode() + b"\n")
+                os.fsync(fd)
+            finally:
+                os.close(fd)  # releases the lock
 
     def run(self, tables: list[dict], desc: str = "points") -> list[dict]:
+        self._load()
         ids = [point_id(t) for t in tables]
         todo: dict[str, dict] = {}
         for pid, t in zip(ids, tables):

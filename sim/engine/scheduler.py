@@ -11,7 +11,8 @@ A KV allocation failure in a prefill/mixed batch (possible because admission doe
 for requests inside in-flight micro-batches) ends the run with `on_kv_exhausted = "exit"`, as
 the real server exits; with `"retract"` the prefill part is dropped (admitted requests stay
 queued, the chunked request keeps its prefix) and the slot runs a decode batch, which retracts
-and requeues as on a decode OOM.
+and requeues as on a decode OOM; a decode batch whose last request cannot get its slot
+requeues that request too, where the artifact exits.
 """
 
 from __future__ import annotations
@@ -54,7 +55,7 @@ class Scheduler:
                  on_kv_exhausted: str = "exit") -> None:
         self.num_slots = num_slots
         self.retract_on_kv_exhausted = on_kv_exhausted == "retract"
-        self.kv_exhausted_events = 0  # prefill/mixed batches dropped for lack of KV ("retract")
+        self.kv_exhausted_events = 0  # batches dropped or requests requeued for lack of KV ("retract")
         self.kv_capacity = kv_tokens
         self.kv_free = kv_tokens
         self.max_running = max_running_requests
@@ -260,6 +261,16 @@ class Scheduler:
         if self.kv_free < len(live):
             live = self._retract(live)
             self.batch_is_full = False
+            if self.retract_on_kv_exhausted and self.kv_free < len(live):
+                # the last request cannot decode either (the artifact exits): requeue it too
+                self.kv_exhausted_events += 1
+                for req in live:
+                    self._requeue(req)
+                self.retractions += len(live)
+                self.waiting.extend(live)
+                slot.running = None
+                slot.cycle_start_s = None
+                return None
         else:
             self.new_token_ratio = max(self.new_token_ratio - NEW_TOKEN_RATIO_DECAY, MIN_NEW_TOKEN_RATIO)
         ctx = self._alloc_decode(live, "decode", now_s)
@@ -277,12 +288,7 @@ class Scheduler:
                 break
             first = False
             req = order.pop()
-            self._free(req)
-            req.prefix_len = 0
-            req.fill_len = req.prompt_len + req.out_len
-            req.state = WAITING
-            req.num_retractions += 1
-            self.num_active -= 1
+            self._requeue(req)
             retracted.append(req)
         self.retractions += len(retracted)
         decoded = sum(r.out_len for r in order)
@@ -291,6 +297,15 @@ class Scheduler:
         self.waiting.extend(retracted)
         keep = set(id(r) for r in order)
         return [r for r in live if id(r) in keep]
+
+    def _requeue(self, req: Req) -> None:
+        """Free a retracted request's KV; it re-prefills prompt + generated tokens later."""
+        self._free(req)
+        req.prefix_len = 0
+        req.fill_len = req.prompt_len + req.out_len
+        req.state = WAITING
+        req.num_retractions += 1
+        self.num_active -= 1
 
     # ------------------------------------------------------------------ results
     def process_result(self, mb: MicroBatch, now_s: float) -> None:

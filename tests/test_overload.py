@@ -1,0 +1,165 @@
+"""Overload that answers: `[server] on_kv_exhausted`, the saturation fields, their display."""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+
+from sim.cli import main
+from sim.engine.run import run
+from sim.metrics import summarize
+from sim.report import make_report
+from sim.saturation import saturation
+
+from conftest import REPO, make_config
+
+# Found by a random search: pp = 3 and a pool of 3,000 tokens; admission does not reserve for the
+# requests inside the other slots' in-flight micro-batches, so a prefill allocation fails.
+PREFILL_OOM = dict(
+    parallel={"pp": 3, "tp": 1}, scheduler={"chunk_size_tokens": 64, "kv_tokens": 3000},
+    workload={"kind": "poisson", "rate_rps": 10.0, "num_requests": 20,
+              "lengths": {"source": "pairs", "prompt_tokens": [10, 700, 10], "output_tokens": [2, 200, 200]}})
+# A decode batch whose last request cannot get its KV slot after retraction.
+DECODE_OOM = dict(
+    parallel={"pp": 4, "tp": 1}, scheduler={"chunk_size_tokens": 512, "kv_tokens": 1500},
+    workload={"kind": "poisson", "rate_rps": 1000.0, "num_requests": 30,
+              "lengths": {"source": "pairs", "prompt_tokens": [10, 300, 700], "output_tokens": [200, 200, 400]}})
+
+
+@pytest.mark.parametrize("table,what", [(PREFILL_OOM, "prefill batch"), (DECODE_OOM, "decode batch")])
+def test_exit_fails_like_the_artifact_and_retract_keeps_serving(table, what):
+    res = run(make_config(**table))
+    assert res.status == "failed" and f"KV allocation failed" in res.reason and what in res.reason
+    assert run(make_config(server={"on_kv_exhausted": "exit"}, **table)).reason == res.reason  # the default
+    res = run(make_config(server={"on_kv_exhausted": "retract"}, **table))
+    s = summarize(res)
+    assert res.status == "ok" and s["num_finished"] == s["num_requests"] == table["workload"]["num_requests"]
+    assert s["num_kv_exhausted"] > 0 and s["num_retractions"] > 0
+    assert all(r.out_len == r.max_new and r.kv_held == 0 for r in res.requests)
+
+
+def test_bad_on_kv_exhausted_names_the_allowed_values():
+    from sim.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"\[server\] on_kv_exhausted must be one of: exit, retract; got 'die'"):
+        make_config(server={"on_kv_exhausted": "die"})
+
+
+def _frames(waiting: list[int], finish: list[float]):
+    """Ten arrivals at t = 0..9; iteration k runs [k, k+1] and leaves `waiting[k]` queued."""
+    req = pd.DataFrame({"arrival_s": [float(i) for i in range(10)], "finish_s": finish})
+    it = pd.DataFrame({"start_s": [float(k) for k in range(len(waiting))],
+                       "end_s": [float(k + 1) for k in range(len(waiting))], "num_waiting": waiting, "replica": 0})
+    return req, it
+
+
+def test_saturation_hand_case():
+    # t0 = 0, t_e = 9; the queue is last empty after iteration 0 (t_s = 1.0) and next empty at the
+    # start of iteration 12 (t_q = 12.0). Arrivals in (1, 9]: 8 > completions in (1, 9]: 3 (4, 6, 8),
+    # and t_e - t_s = 8 >= 9/2: saturated. First completion 4.0 = t_a; completions in (4, 12]:
+    # 6, 8, 10, 12 -> 4 / (12 - 4) = 0.5 req/s.
+    waiting = [0, 1, 2, 3, 4, 5, 6, 7, 8, 3, 2, 1, 0, 0, 0]
+    req, it = _frames(waiting, [4.0, 6.0, 8.0, 10.0, 12.0, 14.0, 16.0, 18.0, 20.0, 22.0])
+    assert saturation(req, it, end_s=22.0) == {"saturated": True, "saturated_since_s": 1.0,
+                                               "saturated_until_s": 12.0, "sustained_throughput_rps": 0.5}
+
+
+def test_a_queue_that_empties_late_in_the_load_is_not_saturated():
+    # the queue empties at iteration 7 (t_s = 8.0): 9 - 8 < 9/2
+    waiting = [0, 1, 2, 3, 4, 5, 6, 0, 1, 2, 1, 0, 0, 0, 0]
+    req, it = _frames(waiting, [4.0, 6.0, 8.0, 10.0, 12.0, 14.0, 16.0, 18.0, 20.0, 22.0])
+    assert saturation(req, it, end_s=22.0)["saturated"] is False
+    assert saturation(req, it, end_s=22.0)["sustained_throughput_rps"] is None
+
+
+def test_sustained_throughput_is_the_service_rate_of_a_deterministic_server():
+    # pp = 1, every iteration 100 ms, one 10-token prompt per batch (chunk 10), one output token:
+    # one completion per 100 ms = 10 req/s, offered 20 req/s. Whatever the run length, the
+    # sustained throughput is 10 req/s while the overall throughput depends on the drain.
+    rates = []
+    for n in (60, 200):
+        cfg = make_config(parallel={"pp": 1, "tp": 1}, scheduler={"chunk_size_tokens": 10, "kv_tokens": 50_000},
+                          latency={"kind": "constant", "stage_ms": 100.0},
+                          workload={"kind": "poisson", "rate_rps": 20.0, "num_requests": n,
+                                    "lengths": {"source": "pairs", "prompt_tokens": [10], "output_tokens": [1]}})
+        s = summarize(run(cfg))
+        assert s["saturated"] is True
+        rates.append(s["sustained_throughput_rps"])
+    assert rates == pytest.approx([10.0, 10.0], rel=1e-9)
+
+
+def test_light_load_is_not_saturated():
+    s = summarize(run(make_config()))
+    assert s["saturated"] is False and s["sustained_throughput_rps"] is None
+
+
+DETERMINISTIC_SERVER = """
+seed = 1
+[parallel]
+pp = 1
+[scheduler]
+chunk_size_tokens = 10
+kv_tokens = 50000
+[latency]
+kind = "constant"
+stage_ms = 100.0
+[workload]
+kind = "poisson"
+rate_rps = 20.0
+num_requests = 60
+lengths = { source = "pairs", prompt_tokens = [10], output_tokens = [1] }
+"""
+
+
+def test_run_prints_uneven_stage_layers_first(tmp_path, capsys):
+    out = tmp_path / "r"
+    code = main(["run", str(REPO / "experiments/configs/default.toml"), "--set", "parallel.pp=3",
+                 "--set", "workload.num_requests=20", "--out", str(out)])
+    printed = capsys.readouterr().out
+    assert code == 0
+    summary = json.loads((out / "summary.json").read_text())
+    # the artifact's split: floor(64 / 3) = 21 per stage, the last takes the rest
+    assert summary["stage_layers"] == [21, 21, 22]
+    assert printed.splitlines()[0].split() == ["stage_layers", "[21,", "21,", "22]"]
+
+
+def test_saturated_run_says_so_in_summary_and_report(tmp_path, capsys):
+    cfg = tmp_path / "sat.toml"
+    cfg.write_text(DETERMINISTIC_SERVER)
+    out = tmp_path / "r"
+    assert main(["run", str(cfg), "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["saturated"] is True and summary["sustained_throughput_rps"] == pytest.approx(10.0)
+    assert "sustained_throughput_rps  10" in printed
+    md, _png = make_report(out)
+    assert md.read_text().splitlines()[2].startswith("> **SATURATED: the queue kept growing")
+    assert "sustained throughput 10 req/s" in md.read_text()
+
+
+def test_failed_run_is_the_first_thing_the_report_says(tmp_path):
+    from sim.metrics import iterations_frame, requests_frame
+
+    res = run(make_config(**PREFILL_OOM))
+    out = tmp_path / "f"
+    out.mkdir()
+    requests_frame(res).to_csv(out / "requests.csv", index=False)
+    iterations_frame(res).to_csv(out / "iterations.csv", index=False)
+    summary = {k: v for k, v in summarize(res).items()}
+    (out / "summary.json").write_text(json.dumps(summary, default=float))
+    md, png = make_report(out)
+    assert md.read_text().splitlines()[2].startswith("> **RUN FAILED: KV allocation failed")
+    assert png.stat().st_size > 0
+
+
+def test_stage_layers_rule():
+    from sim.errors import ConfigError
+    from sim.latency.profiled import stage_layers
+
+    assert stage_layers(64, 3) == [21, 21, 22]
+    assert stage_layers(64, 64) == [1] * 64
+    assert stage_layers(4, 3) == [1, 1, 2]
+    with pytest.raises(ConfigError, match=r"pp = 65 does not fit a model of 64 layers; allowed: 1\.\.64"):
+        stage_layers(64, 65)
