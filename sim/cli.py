@@ -147,6 +147,10 @@ def cmd_list(args) -> int:
     profiles = sorted(str(p.parent.relative_to(REPO_ROOT)) for p in (REPO_ROOT / "profiles").glob("*/*/tp*/meta.toml"))
     print("profiles:\n  " + "\n  ".join(profiles or ["(none)"]))
     print("workloads:\n  " + "\n  ".join(available_workloads() or ["(none)"]))
+    from sim.workloads.trace import trace_formats
+
+    print("trace file formats (ppsim run --trace FILE, ppsim workload stats FILE):\n  "
+          + ", ".join(n for n in trace_formats.names() if n != "auto") + " (detected: format = auto)")
     print("chunk policies:\n  " + "\n  ".join(chunk_policies.names()))
     print("rebalancers:\n  " + "\n  ".join(rebalancers.names() or ["(none yet)"]))
     from experiments import EXPERIMENT_IDS
