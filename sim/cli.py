@@ -170,6 +170,10 @@ def cmd_list(args) -> int:
     print("built profiles (ppsim profile build --all; any other model/GPU/TP is built on demand):\n  "
           + "\n  ".join(built_profile_lines() or ["(none)"]))
     print("workloads:\n  " + "\n  ".join(available_workloads() or ["(none)"]))
+    from sim.workloads.trace import trace_formats
+
+    print("trace file formats (ppsim run --trace FILE, ppsim workload stats FILE):\n  "
+          + ", ".join(n for n in trace_formats.names() if n != "auto") + " (detected: format = auto)")
     width = max(len(n) for n in chunk_policies.names() + rebalancers.names())
     for title, reg in (("chunk policies", chunk_policies), ("rebalancers", rebalancers)):
         print(f"{title}:\n  " + "\n  ".join(f"{n:<{width}}  ({reg.origin(n)})" for n in reg.names()))

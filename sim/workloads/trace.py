@@ -141,6 +141,8 @@ def _read_cached(path: str, mtime_ns: int, size: int, cols: tuple[str, str, str]
     if df.empty:
         raise DataError(f"{p}: no data rows")
     times = _arrivals(p, df, cols[0], fmt)
+    if fmt == "auto":  # as _arrivals decides: a number means seconds
+        fmt = "seconds" if pd.notna(pd.to_numeric(df[cols[0]].iloc[0].strip(), errors="coerce")) else "timestamp"
     trace = Trace(p, times, _lengths(p, df, cols[1]), _lengths(p, df, cols[2]),
                   source=f"CSV {cols[0]}/{cols[1]}/{cols[2]} ({fmt} arrivals)")
     for arr in (trace.times_s, trace.prompts, trace.outputs):
