@@ -11,7 +11,7 @@ allowed). `--set a.b=value` overrides parse `value` as a TOML value.
                 max_running_requests, chunk_policy = {name, params}, rebalancer = {name, params}
     [latency]   kind = "profile" | "constant", profile = "<dir>", noise_cv, stage_ms, overhead_ms
     [slo]       ttft_ms, ttft_percentile, tpot_ms, tpot_percentile, e2e_ms, e2e_percentile,
-                stop_when_violated (sim.slo)
+                stop_when_violated, stop_factor (sim.slo)
     [workload]  name = "<file in workloads/>" and overrides, or an inline kind (sim.workloads)
 """
 
