@@ -339,6 +339,8 @@ def label(r: dict) -> str:
 
 
 def run_plan(args) -> tuple[pd.DataFrame, dict]:
+    if not (args.slo_ttft_ms > 0 and args.slo_tpot_ms > 0):
+        raise ConfigError("--slo-ttft-ms, --slo-tpot-ms and --gpus must be positive")
     slo = slo_from_specs(args.slo, SLO(ttft_ms=args.slo_ttft_ms, tpot_ms=args.slo_tpot_ms))
     slo.validate("plan --slo")
     if args.gpus < 1 or args.seeds < 1:
