@@ -167,6 +167,7 @@ def like_for_like(base: Path, other: Path, model: str, dest: Path) -> tuple[Path
     model (the [comm] section, comm.csv, the token broadcast) taken from `other`. Returns the
     family folder and what differed (held fixed and changed)."""
     notes, held = [], []
+    dest = dest.resolve()  # run configs name the profile by this path, from any working folder
     for d in sorted((base / model).glob("tp*")):
         od = other / model / d.name
         if not (d / "meta.toml").is_file() or not (od / "meta.toml").is_file():
@@ -366,7 +367,7 @@ def run_plan(args) -> tuple[pd.DataFrame, dict]:
         if len(names) == 2:
             fam, lines = like_for_like(families[0][1], family_dir(INTERCONNECTS["nvlink"]), args.model,
                                        out / "profiles" / f"{INTERCONNECTS['pcie']}+nvlink-comm")
-            families.append(("nvlink-comm", fam))
+            families.append(("nvlink", fam))
             notes += lines
     prices = parse_prices(args.price_per_gpu_hour, [n for n, _ in families])
     load = plan_load(args, overrides)

@@ -142,7 +142,12 @@ def verdict(ranked: pd.DataFrame, mode: str, slo_text: str, rate_rps: float | No
             better = f"{100 * (best[key] - runner[key]):.1f} points more margin"
             if best["cost_per_million_requests"] != runner["cost_per_million_requests"]:
                 better = "a lower cost per million requests"
-        if inside or (mode == "goodput" and round(best[key] - runner[key], 2) == 0):
+        one_seed = min(int(best.get("num_seeds", 2) or 2), int(runner.get("num_seeds", 2) or 2)) < 2
+        if one_seed and not (mode == "goodput" and round(best[key] - runner[key], 2) == 0):
+            text.append(f"{_cap(fam)} leads: {better} than the best {runner['family']} deployment, "
+                        f"{describe(runner)}; with one seed there is no CI, so rerun with --seeds 3 before "
+                        f"trusting the gap.")
+        elif inside or (mode == "goodput" and round(best[key] - runner[key], 2) == 0):
             text.append(f"No family wins outright: the best {runner['family']} deployment, {describe(runner)}, "
                         f"is within the seed noise of the best ({fam}), a tie.")
         else:

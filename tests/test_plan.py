@@ -107,6 +107,9 @@ def test_verdict_names_replication_when_replication_wins():
     text = verdict(rank(df, "goodput"), "goodput", "P90 TTFT <= 2000 ms and P90 TPOT <= 200 ms")
     assert "Replication wins: 2.00 req/s (29%) more than the best PP deployment" in text
     assert "PP wins" not in text and "(95% CI 8.80 req/s to 9.20 req/s)" in text
+    # one seed: no CI, so no outright win
+    one = rank(df.assign(num_seeds=1, goodput_ci_lo=df["goodput_rps"], goodput_ci_hi=df["goodput_rps"]), "goodput")
+    assert "Replication leads" in verdict(one, "goodput", "s") and "wins" not in verdict(one, "goodput", "s")
     # nothing qualifies
     none = pd.DataFrame([_gp("x", "PP", 0.0, 0.0, 0.0)])
     assert "None qualifies" in verdict(rank(none, "goodput"), "goodput", "s")
