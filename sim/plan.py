@@ -58,7 +58,7 @@ from sim.errors import ConfigError  # noqa: E402
 from sim.latency.profiled import Profile, ProfiledLatencyModel, kv_capacity_tokens  # noqa: E402
 from sim.slo import SLO, pkey, slo_from_specs  # noqa: E402
 from sim.sweep import Runner, Search, goodput_searches, mean_ci, with_rate  # noqa: E402
-from sim.verdict import family, rank, verdict  # noqa: E402
+from sim.verdict import cost_key, family, rank, verdict  # noqa: E402
 from sim.workloads import build_workload, resolve_workload  # noqa: E402
 
 INTERCONNECTS = {"pcie": "a100-pcie-40gb", "nvlink": "a100-sxm-80gb-nvswitch"}
@@ -427,7 +427,8 @@ def _plan_at_rate(runner, cands, load, slo, seeds, price, within: float) -> list
 
     first = runner.run([table(c, p, seeds[0]) for c, p in items], desc="plan: first seed")
     margin1 = [slo.margin(s) if s.get("status") == "ok" else -math.inf for s in first]
-    cost = [cost_per_million(price[c["interconnect"]], c["gpus"], load.rate_rps) for c, _ in items]
+    # without a price, GPU-hours per million requests is the cost
+    cost = [cost_per_million(price[c["interconnect"]] or 1.0, c["gpus"], load.rate_rps) for c, _ in items]
     best = {}
     for m, k in zip(margin1, cost):
         key = round(k, 6) if math.isfinite(k) else None
@@ -440,7 +441,10 @@ def _plan_at_rate(runner, cands, load, slo, seeds, price, within: float) -> list
     for i, (c, policy) in enumerate(items):
         summ = [first[i], *extra.get(i, [])]
         row = {**c, "policy": policy, "status": "ok", "reason": "", "rate_rps": load.rate_rps,
-               "num_seeds": len(summ), **at_rate_row(summ, slo), "cost_per_million_requests": cost[i], "note": ""}
+               "num_seeds": len(summ), **at_rate_row(summ, slo),
+               "gpu_hours_per_million_requests": cost_per_million(1.0, c["gpus"], load.rate_rps),
+               "cost_per_million_requests": cost_per_million(price[c["interconnect"]], c["gpus"], load.rate_rps),
+               "note": ""}
         if first[i].get("status") == "stopped":
             for col in metric_columns(slo) + ["slo_attainment"]:
                 row[col] = math.nan  # only the requests finished by the stop: not comparable
@@ -494,6 +498,7 @@ def _plan_goodput(runner, cands, load, slo, seeds, price, args) -> list[dict]:
         head = (1 - r["kv_peak_tokens"] / r["kv_capacity_tokens"]) if r.get("kv_capacity_tokens") else math.nan
         rows.append({**c, "policy": policy, "status": "ok", "reason": "", "num_seeds": per,
                      "goodput_rps": m, "goodput_ci_lo": lo, "goodput_ci_hi": hi, "goodput_per_gpu": m / c["gpus"],
+                     "gpu_hours_per_million_requests": cost_per_million(1.0, c["gpus"], m),
                      "cost_per_million_requests": cost_per_million(price[c["interconnect"]], c["gpus"], m),
                      **{f"{k}_at_80pct": _num(r.get(k)) for k in slo.keys()},
                      "kv_headroom_at_80pct": head, "flag": "; ".join(flags),
@@ -569,9 +574,9 @@ def cmd_plan(args) -> int:
         print(line)
     if mode == "rate":
         cols = ["rank", "deployment", *slo.keys(), "p99_e2e_ms", "slo_attainment", "kv_headroom", "margin",
-                "cost_per_million_requests", "meets_slo", "tied_with_best"]
+                cost_key(df), "meets_slo", "tied_with_best"]
     else:
-        cols = ["rank", "deployment", "goodput_rps", "goodput_ci_lo", "goodput_ci_hi", "cost_per_million_requests",
+        cols = ["rank", "deployment", "goodput_rps", "goodput_ci_lo", "goodput_ci_hi", cost_key(df),
                 *[f"{k}_at_80pct" for k in slo.keys()], "kv_headroom_at_80pct", "tied_with_best"]
     shown = df[df["status"] == "ok"]
     if not args.all:

@@ -38,6 +38,14 @@ def family(replicas: int, tp: int, pp: int) -> str:
     return "single GPU"
 
 
+def cost_key(df: pd.DataFrame) -> str:
+    """The cost column ranking uses: dollars per million requests when a price was given,
+    else GPU-hours per million requests."""
+    if "cost_per_million_requests" in df and df["cost_per_million_requests"].astype(float).notna().any():
+        return "cost_per_million_requests"
+    return "gpu_hours_per_million_requests" if "gpu_hours_per_million_requests" in df else "cost_per_million_requests"
+
+
 def _overlap(lo1: float, hi1: float, lo2: float, hi2: float) -> bool:
     return lo1 <= hi2 + 1e-12 and lo2 <= hi1 + 1e-12
 
@@ -52,6 +60,7 @@ def rank(df: pd.DataFrame, mode: str) -> pd.DataFrame:
     dropped) follow, simulated ones first."""
     df = df.copy()
     df["rank"] = math.nan
+    ck = cost_key(df)
     df["tied_with_best"] = False
     sim = df["status"] == "ok"
     if mode == "goodput":
@@ -61,7 +70,7 @@ def rank(df: pd.DataFrame, mode: str) -> pd.DataFrame:
             best = elig.iloc[0]
             tied = elig.apply(lambda r: _overlap(r["goodput_ci_lo"], r["goodput_ci_hi"],
                                                  best["goodput_ci_lo"], best["goodput_ci_hi"]), axis=1)
-            group = elig[tied].assign(_c=lambda d: d["cost_per_million_requests"].map(_nan_last),
+            group = elig[tied].assign(_c=lambda d: d[ck].map(_nan_last),
                                       tied_with_best=True)
             group = group.sort_values(["_c", "gpus", "goodput_rps"], ascending=[True, True, False]).drop(columns="_c")
             elig = pd.concat([group, elig[~tied]])
@@ -69,7 +78,7 @@ def rank(df: pd.DataFrame, mode: str) -> pd.DataFrame:
                                                                              ascending=[True, False])
     else:
         ok = sim & df["meets_slo"].astype(bool)
-        elig = df[ok].assign(_c=lambda d: d["cost_per_million_requests"].map(_nan_last))
+        elig = df[ok].assign(_c=lambda d: d[ck].map(_nan_last))
         elig = elig.sort_values(["_c", "margin"], ascending=[True, False])
         if len(elig):
             best = elig.iloc[0]
@@ -102,6 +111,7 @@ def verdict(ranked: pd.DataFrame, mode: str, slo_text: str, rate_rps: float | No
     """One paragraph from a ranked table (`rank` output): which family wins, by how much, with
     the CI; differences inside the CIs are called ties, never "0% lower"."""
     top = ranked[ranked["rank"] == 1]
+    ck = cost_key(ranked)
     n_sim = int((ranked["status"] == "ok").sum())
     n_out = int((ranked["status"] != "ok").sum())
     if mode == "rate":
@@ -120,8 +130,9 @@ def verdict(ranked: pd.DataFrame, mode: str, slo_text: str, rate_rps: float | No
     def describe(r) -> str:
         if mode == "goodput":
             return f"{r['deployment']} at {_ci(r['goodput_rps'], r['goodput_ci_lo'], r['goodput_ci_hi'], unit)}"
-        cost = r["cost_per_million_requests"]
-        c = f", ${cost:,.0f} per million requests" if isinstance(cost, float) and math.isfinite(cost) else ""
+        cost = float(r[ck]) if ck in r else math.nan
+        c = ("" if not math.isfinite(cost) else f", ${cost:,.0f} per million requests" if ck.startswith("cost")
+             else f", {cost:,.0f} GPU-hours per million requests")
         return f"{r['deployment']} with margin {_ci(r['margin'], r['margin_ci_lo'], r['margin_ci_hi'], '', True)}{c}"
 
     text = [head, f"Best: {describe(best)} ({fam})."]
@@ -140,7 +151,7 @@ def verdict(ranked: pd.DataFrame, mode: str, slo_text: str, rate_rps: float | No
             better = f"{gap:.2f} req/s ({rel:.0%}) more" if math.isfinite(rel) else f"{gap:.2f} req/s more"
         else:
             better = f"{100 * (best[key] - runner[key]):.1f} points more margin"
-            if best["cost_per_million_requests"] != runner["cost_per_million_requests"]:
+            if best[ck] != runner[ck]:
                 better = "a lower cost per million requests"
         one_seed = min(int(best.get("num_seeds", 2) or 2), int(runner.get("num_seeds", 2) or 2)) < 2
         if one_seed and not (mode == "goodput" and round(best[key] - runner[key], 2) == 0):

@@ -135,6 +135,16 @@ def test_rate_mode_ranks_by_cost_then_margin():
     assert "PP wins: 20.0 points more margin than the best hybrid TPxPP deployment" in text
 
 
+def test_without_a_price_gpu_hours_are_the_cost():
+    df = pd.DataFrame([
+        {**_rt("8 GPUs", "PP", 0.5, 0.45, 0.55, cost=math.nan, gpus=8), "gpu_hours_per_million_requests": 400.0},
+        {**_rt("4 GPUs", "TP", 0.2, 0.15, 0.25, cost=math.nan, gpus=4), "gpu_hours_per_million_requests": 200.0},
+    ])
+    r = rank(df, "rate")
+    assert list(r["deployment"]) == ["4 GPUs", "8 GPUs"]
+    assert "200 GPU-hours per million requests" in verdict(r, "rate", "s", 5.0)
+
+
 def test_cost_per_million_by_hand():
     # 8 GPUs at $2/h serve 6 req/s: $16/h over 21,600 requests/h -> $740.74 per million
     assert cost_per_million(2.0, 8, 6.0) == pytest.approx(16 / 21600 * 1e6)
