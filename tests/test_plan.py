@@ -186,8 +186,9 @@ def test_plan_goodput_mode(tmp_path, capsys, seeds):
     df = pd.read_csv(tmp_path / "plan.csv")
     sim = df[df["status"] == "ok"]
     assert len(sim) >= len(POLICIES)
-    assert (sim["goodput_ci_lo"] <= sim["goodput_rps"] + 1e-9).all() and (sim["num_seeds"] == seeds).all()
+    assert (sim["goodput_ci_lo"] <= sim["goodput_rps"] + 1e-9).all() and (sim["num_seeds"] <= seeds).all()
     top = sim[sim["rank"] == 1].iloc[0]
+    assert top["num_seeds"] == seeds  # the best is always replicated
     assert top["cost_per_million_requests"] == pytest.approx(2.0 * 2 / 3600 / top["goodput_rps"] * 1e6, rel=1e-5)
     assert "0% lower" not in text and "Best:" in text
 
