@@ -60,7 +60,7 @@ from sim import tomlio  # noqa: E402
 from sim.config import REPO_ROOT  # noqa: E402
 from sim.errors import ConfigError  # noqa: E402
 from sim.latency.profiled import Profile, ProfiledLatencyModel, kv_capacity_tokens  # noqa: E402
-from sim.slo import SLO, pkey, slo_from_specs  # noqa: E402
+from sim.slo import SLO, slo_from_specs  # noqa: E402
 from sim.sweep import Runner, Search, goodput_searches, mean_ci, with_rate  # noqa: E402
 from sim.verdict import cost_key, family, rank, verdict  # noqa: E402
 from sim.workloads import build_workload, resolve_workload  # noqa: E402
@@ -298,7 +298,7 @@ def at_rate_row(summaries: list[dict], slo: SLO) -> dict:
     row["slo_attainment"] = float(np.mean([_num(s.get("slo_attainment")) for s in summaries]))
     heads = [1 - s["kv_peak_tokens"] / s["kv_capacity_tokens"] for s in summaries if s.get("kv_capacity_tokens")]
     row["kv_headroom"] = min(heads) if heads else math.nan
-    margins = [SLO.margin(slo, s) if s.get("status") == "ok" and s.get("num_finished") == s.get("num_requests")
+    margins = [slo.margin(s) if s.get("status") == "ok" and s.get("num_finished") == s.get("num_requests")
                else -math.inf for s in summaries]
     finite = [m for m in margins if math.isfinite(m)]
     if len(finite) == len(margins):
