@@ -539,7 +539,7 @@ def _warnings(r: dict, mode: str) -> str:
     if mode == "goodput" and isinstance(r.get("flag"), str) and "non_monotone" in r["flag"]:
         w.append("non-monotone SLO outcome in the rate")
     if mode == "rate" and r.get("status") == "ok" and 0 < r.get("seeds_meeting", 0) < r.get("num_seeds", 0):
-        w.append(f"meets the SLOs on {r['seeds_meeting']} of {r['num_seeds']} seeds only")
+        w.append(f"meets the SLOs on {int(r['seeds_meeting'])} of {int(r['num_seeds'])} seeds only")
     return "; ".join(w)
 # -- outputs --------------------------------------------------------------------------------
 
