@@ -215,3 +215,13 @@ def test_plan_bad_inputs_are_one_line(tmp_path, capsys):
         err = capsys.readouterr().err
         assert len(err.strip().splitlines()) == 1 and msg in err, err
     assert family_dir("a100-pcie-40gb") == PCIE
+
+
+def test_warnings_a_planner_needs():
+    from sim.plan import _warnings
+
+    w = _warnings({"status": "ok", "kv_headroom": 0.03, "seeds_meeting": 2.0, "num_seeds": 3.0}, "rate")
+    assert "KV headroom 3.0% < 5% at the operating point" in w and "meets the SLOs on 2 of 3 seeds only" in w
+    assert _warnings({"status": "ok", "kv_headroom": 0.2, "seeds_meeting": 3, "num_seeds": 3}, "rate") == ""
+    w = _warnings({"status": "ok", "kv_headroom_at_80pct": 0.5, "edge": "top", "flag": "non_monotone"}, "goodput")
+    assert "top of the searched range" in w and "non-monotone" in w
