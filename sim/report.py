@@ -109,6 +109,10 @@ def make_report(run_dir: str | Path) -> tuple[Path, Path]:
         lines += [f"> **{banner}**", ""]
     lines += ["## Summary", "", "| metric | value |", "|---|---|"]
     lines += [f"| {k} | {_fmt(summary.get(k))} |" for k in keys if k in summary]
+    # the SLO and any percentile it names beyond P50/P90/P99 (e.g. p95_ttft_ms)
+    lines += [f"| {k} | {_fmt(v)} |" for k, v in summary.items()
+              if k in ("slo", "meets_slo") or (k[:1] == "p" and k.endswith("_ms") and k.split("_")[0] not in
+                                               ("p50", "p90", "p99") and k.split("_")[1] in ("ttft", "tpot", "e2e"))]
     if summary.get("reason"):
         lines.append(f"| reason | {summary['reason']} |")
     if summary.get("profile_source"):

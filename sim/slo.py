@@ -36,8 +36,9 @@ def need_over(n: int, q: float) -> int:
 @dataclass(frozen=True)
 class SLO:
     """The SLOs. `e2e_ms = None`: no E2E objective. `stop_when_violated`: end the run (status
-    "stopped") as soon as a percentile is certain to miss its SLO, for goodput searches that
-    only need pass or fail."""
+    "stopped") as soon as a percentile is certain to exceed `stop_factor` x its threshold, for
+    searches that only need pass or fail (factor 1) or only need numbers for runs that do not
+    miss badly (`ppsim plan --rate`, factor 2)."""
 
     ttft_ms: float = 2000.0
     ttft_percentile: float = 90.0
@@ -46,8 +47,11 @@ class SLO:
     e2e_ms: float | None = None
     e2e_percentile: float = 90.0
     stop_when_violated: bool = False
+    stop_factor: float = 1.0
 
     def validate(self, where: str) -> None:
+        if not self.stop_factor >= 1:
+            raise ConfigError(f"{where}: [slo] stop_factor must be >= 1, got {self.stop_factor}")
         if self.ttft_ms <= 0 or self.tpot_ms <= 0 or (self.e2e_ms is not None and self.e2e_ms <= 0):
             raise ConfigError(f"{where}: [slo] ttft_ms and tpot_ms must be > 0 (and e2e_ms when set)")
         for m in METRICS:

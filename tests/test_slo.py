@@ -3,8 +3,6 @@ spec, and fractional-rate sweeps."""
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import pytest
 

@@ -132,8 +132,9 @@ def run(cfg: RunConfig, requests: list[RequestSpec] | None = None) -> RunResult:
     n = cfg.parallel.replicas
     slo, guard = cfg.slo, None
     if slo.stop_when_violated:
-        guard = SLOGuard(reqs, slo.ttft_ms / 1e3, slo.tpot_ms / 1e3, slo.ttft_percentile, slo.tpot_percentile,
-                         None if slo.e2e_ms is None else slo.e2e_ms / 1e3, slo.e2e_percentile)
+        f = slo.stop_factor / 1e3
+        guard = SLOGuard(reqs, slo.ttft_ms * f, slo.tpot_ms * f, slo.ttft_percentile, slo.tpot_percentile,
+                         None if slo.e2e_ms is None else slo.e2e_ms * f, slo.e2e_percentile)
     pipes = []
     for i in range(n):
         policy, rebalancer = build_policies()

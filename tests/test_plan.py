@@ -1,0 +1,227 @@
+"""`ppsim plan`: candidates, profile lookup, bounds, like-for-like interconnects, ranking with
+ties, the verdict, and the output of both modes."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pandas as pd
+import pytest
+
+from sim.cli import main
+from sim.config import REPO_ROOT, config_from_table
+from sim.latency.profiled import Profile, ProfiledLatencyModel, kv_capacity_tokens
+from sim.plan import (POLICIES, cost_per_million, family_dir, like_for_like, resolve_profile, splits,
+                      throughput_bound_rps)
+from sim.verdict import family, rank, verdict
+
+PCIE = REPO_ROOT / "profiles" / "a100-pcie-40gb"
+NVLINK = REPO_ROOT / "profiles" / "a100-sxm-80gb-nvswitch"
+
+
+def test_every_split_of_8_gpus_is_listed_tp8_dropped_for_lack_of_a_profile():
+    sp = splits(PCIE, "pcie", "qwen2.5-32b", 8)
+    got = {(s.replicas, s.tp, s.pp) for s in sp}
+    expect = {(r, t, 8 // r // t) for r in (1, 2, 4, 8) for t in (1, 2, 4, 8) if (8 // r) % t == 0}
+    assert got == expect
+    tp8 = next(s for s in sp if s.tp == 8)
+    assert tp8.reason.startswith("no profile") and "tp8" in tp8.reason
+    one = next(s for s in sp if (s.replicas, s.tp, s.pp) == (8, 1, 1))
+    assert one.reason.startswith("does not fit")  # 64 GB of weights on a 40 GB GPU
+    path, why = resolve_profile(PCIE, "qwen2.5-32b", 4)
+    assert path == PCIE / "qwen2.5-32b" / "tp4" and why == ""
+
+
+def test_family_names():
+    assert family(2, 1, 1) == "replication" and family(2, 2, 2) == "replication"
+    assert family(1, 2, 2) == "hybrid TPxPP" and family(1, 1, 4) == "PP" and family(1, 4, 1) == "TP"
+
+
+def test_throughput_bound_is_never_beaten_by_the_simulator():
+    from sim.engine.run import run
+    from sim.metrics import summarize
+
+    table = {"seed": 1, "parallel": {"pp": 2, "tp": 1}, "scheduler": {"chunk_size_tokens": 512},
+             "latency": {"profile": "profiles/a100-pcie-40gb/qwen2.5-14b/tp1"},
+             "workload": {"kind": "synthetic-uniform", "rate_rps": 200.0, "num_requests": 120,
+                          "input_range": [200, 400], "output_range": [20, 40]}}
+    s = summarize(run(config_from_table(table)))
+    tokens = (300 + 30)  # the ranges' means
+    bound = throughput_bound_rps("profiles/a100-pcie-40gb/qwen2.5-14b/tp1", 2, 1, tokens)
+    assert s["throughput_rps"] < bound
+    # by hand: the busiest stage's layers x the cheapest per-token layer time x tokens
+    prof = Profile.load(PCIE / "qwen2.5-14b" / "tp1")
+    lat = ProfiledLatencyModel(prof, 2)
+    per_token = min(lat.layer_nonattn_s(int(g), True) / int(g) for g in prof.grid)
+    assert bound >= 1 / (max(lat.layers) * per_token * tokens) - 1e-9  # the slope beyond can only lower it
+
+
+def test_interconnect_comparison_is_like_for_like(tmp_path):
+    fam, notes = like_for_like(PCIE, NVLINK, "qwen2.5-32b", tmp_path / "fam")
+    for tp in (1, 2, 4):
+        base, other, new = (Profile.load(f / "qwen2.5-32b" / f"tp{tp}") for f in (PCIE, NVLINK, fam))
+        # memory, CPU cost, scaling and tables from the PCIe GPU
+        assert kv_capacity_tokens(new, 2, 0.9) == kv_capacity_tokens(base, 2, 0.9) != kv_capacity_tokens(other, 2, 0.9)
+        lb, lo, ln = (ProfiledLatencyModel(p, 2) for p in (base, other, new))
+        assert ln.cpu_s == lb.cpu_s and ln.s_mem == lb.s_mem and ln.s_comp == lb.s_comp
+        assert ln.layer_nonattn_s(1000, True) == lb.layer_nonattn_s(1000, True)
+        # only the communication from NVLink
+        assert ln.p2p_s(2048) == lo.p2p_s(2048) != lb.p2p_s(2048)
+        assert ln.broadcast_s == lo.broadcast_s
+        if tp > 1:
+            assert ln.allreduce_s(512) == lo.allreduce_s(512) != lb.allreduce_s(512)
+    text = "\n".join(notes)
+    assert "only the communication model" in text and "cpu_ms 4.0 (the other profile has 2.0)" in text
+    assert "gpu_mem_gib 39.6" in text and "allreduce_busbw_gbps 16.3 -> 157.2" in text
+
+
+def _gp(name, fam, g, lo, hi, gpus=4, cost=None, status="ok"):
+    return {"deployment": name, "family": fam, "status": status, "goodput_rps": g, "goodput_ci_lo": lo,
+            "goodput_ci_hi": hi, "gpus": gpus,
+            "cost_per_million_requests": cost if cost is not None else (1e3 / g if g > 0 else math.nan)}
+
+
+def test_ties_are_broken_by_cost_then_fewer_gpus():
+    df = pd.DataFrame([
+        _gp("A", "PP", 10.0, 9.0, 11.0, gpus=8, cost=50.0),
+        _gp("B", "TP", 9.6, 9.1, 10.1, gpus=4, cost=50.0),  # CI overlaps A's; same cost, fewer GPUs
+        _gp("C", "replication", 9.3, 9.05, 9.5, gpus=4, cost=40.0),  # overlaps A; cheapest
+        _gp("D", "PP", 5.0, 4.8, 5.2),  # clearly below
+        _gp("E", "TP", math.nan, math.nan, math.nan, status="dropped"),
+    ])
+    r = rank(df, "goodput")
+    assert list(r["deployment"]) == ["C", "B", "A", "D", "E"]
+    assert list(r["rank"].iloc[:4]) == [1, 2, 3, 4] and math.isnan(r["rank"].iloc[4])
+    assert list(r["tied_with_best"]) == [True, True, True, False, False]
+    text = verdict(r, "goodput", "P90 TTFT <= 2000 ms")
+    assert "tie" in text and "0% lower" not in text and "wins:" not in text
+
+
+def test_verdict_names_replication_when_replication_wins():
+    df = pd.DataFrame([
+        _gp("pcie: 2x(TP1xPP2) round-robin static-512", "replication", 9.0, 8.8, 9.2),
+        _gp("pcie: TP1xPP4 static-512", "PP", 7.0, 6.8, 7.2),
+        _gp("pcie: TP4xPP1 static-2048", "TP", 3.5, 3.4, 3.6),
+    ])
+    text = verdict(rank(df, "goodput"), "goodput", "P90 TTFT <= 2000 ms and P90 TPOT <= 200 ms")
+    assert "Replication wins: 2.00 req/s (29%) more than the best PP deployment" in text
+    assert "PP wins" not in text and "(95% CI 8.80 req/s to 9.20 req/s)" in text
+    # one seed: no CI, so no outright win
+    one = rank(df.assign(num_seeds=1, goodput_ci_lo=df["goodput_rps"], goodput_ci_hi=df["goodput_rps"]), "goodput")
+    assert "Replication leads" in verdict(one, "goodput", "s") and "wins" not in verdict(one, "goodput", "s")
+    # nothing qualifies
+    none = pd.DataFrame([_gp("x", "PP", 0.0, 0.0, 0.0)])
+    assert "None qualifies" in verdict(rank(none, "goodput"), "goodput", "s")
+
+
+def _rt(name, fam, margin, lo, hi, meets=True, cost=100.0, gpus=4):
+    return {"deployment": name, "family": fam, "status": "ok", "meets_slo": meets, "margin": margin,
+            "margin_ci_lo": lo, "margin_ci_hi": hi, "cost_per_million_requests": cost, "gpus": gpus}
+
+
+def test_rate_mode_ranks_by_cost_then_margin():
+    df = pd.DataFrame([
+        _rt("nv: TP4xPP1", "TP", 0.6, 0.5, 0.7, cost=150.0),
+        _rt("pcie: TP1xPP4", "PP", 0.3, 0.25, 0.35),
+        _rt("pcie: TP2xPP2", "hybrid TPxPP", 0.1, 0.05, 0.15),
+        _rt("pcie: 2x(TP2xPP1)", "replication", -0.2, -0.3, -0.1, meets=False),
+    ])
+    r = rank(df, "rate")
+    assert list(r["deployment"]) == ["pcie: TP1xPP4", "pcie: TP2xPP2", "nv: TP4xPP1", "pcie: 2x(TP2xPP1)"]
+    assert math.isnan(r["rank"].iloc[3]) and not r["tied_with_best"].iloc[1]
+    text = verdict(r, "rate", "P99 TTFT <= 2000 ms", 6.0)
+    assert text.startswith("At 6 req/s with P99 TTFT <= 2000 ms, 3 of 4 simulated deployments meet the SLOs")
+    assert "PP wins: 20.0 points more margin than the best hybrid TPxPP deployment" in text
+
+
+def test_without_a_price_gpu_hours_are_the_cost():
+    df = pd.DataFrame([
+        {**_rt("8 GPUs", "PP", 0.5, 0.45, 0.55, cost=math.nan, gpus=8), "gpu_hours_per_million_requests": 400.0},
+        {**_rt("4 GPUs", "TP", 0.2, 0.15, 0.25, cost=math.nan, gpus=4), "gpu_hours_per_million_requests": 200.0},
+    ])
+    r = rank(df, "rate")
+    assert list(r["deployment"]) == ["4 GPUs", "8 GPUs"]
+    assert "200 GPU-hours per million requests" in verdict(r, "rate", "s", 5.0)
+
+
+def test_cost_per_million_by_hand():
+    # 8 GPUs at $2/h serve 6 req/s: $16/h over 21,600 requests/h -> $740.74 per million
+    assert cost_per_million(2.0, 8, 6.0) == pytest.approx(16 / 21600 * 1e6)
+    assert math.isnan(cost_per_million(None, 8, 6.0))
+
+
+def test_plan_at_a_rate_writes_every_candidate_with_its_numbers(tmp_path, capsys):
+    out = tmp_path / "p"
+    code = main(["plan", "--model", "qwen2.5-14b", "--gpus", "2", "--workload", "azure-conv-synth", "--quick",
+                 "--set", "workload.num_requests=40", "--rate", "1.5", "--slo", "ttft:p99:3000", "--slo",
+                 "tpot:p90:150", "--seeds", "2", "--price-per-gpu-hour", "2.0", "--no-progress", "--out", str(out),
+                 "--json", str(tmp_path / "j.json")])
+    text = capsys.readouterr().out
+    assert code == 0
+    df = pd.read_csv(out / "plan.csv")
+    for col in ("p99_ttft_ms", "p90_tpot_ms", "mean_e2e_ms", "p50_tpot_ms", "slo_attainment", "kv_headroom",
+                "cost_per_million_requests", "meets_slo", "margin", "rank", "tied_with_best", "warnings", "num_seeds"):
+        assert col in df.columns, col
+    sim = df[df["status"] == "ok"]
+    # 2 GPUs of 14B: TP1xPP2, TP2xPP1, 2x(TP1xPP1) behind two routers; every policy
+    assert len(sim) == 4 * len(POLICIES)
+    ranked = sim[sim["rank"].notna()]
+    assert ranked["meets_slo"].all() and (ranked["p99_ttft_ms"] <= 3000).all()
+    assert (ranked["p90_tpot_ms"] <= 150).all()
+    assert ranked["cost_per_million_requests"].iloc[0] == pytest.approx(2.0 * 2 / 3600 / 1.5 * 1e6)
+    doc = json.loads((tmp_path / "j.json").read_text())
+    assert doc["mode"] == "rate" and doc["slo"] == "P99 TTFT <= 3000 ms and P90 TPOT <= 150 ms"
+    assert len(doc["candidates"]) == len(df) and doc["verdict"] in text
+    assert (out / "plan.png").stat().st_size > 1000
+
+
+@pytest.mark.parametrize("seeds", [1, pytest.param(2, marks=pytest.mark.slow)])
+def test_plan_goodput_mode(tmp_path, capsys, seeds):
+    code = main(["plan", "--model", "qwen2.5-14b", "--gpus", "2", "--workload", "azure-conv-synth", "--quick",
+                 "--set", "workload.num_requests=40", "--seeds", str(seeds), "--price-per-gpu-hour", "2.0",
+                 "--no-progress", "--out", str(tmp_path)])
+    text = capsys.readouterr().out
+    assert code == 0
+    df = pd.read_csv(tmp_path / "plan.csv")
+    sim = df[df["status"] == "ok"]
+    assert len(sim) >= len(POLICIES)
+    assert (sim["goodput_ci_lo"] <= sim["goodput_rps"] + 1e-9).all() and (sim["num_seeds"] <= seeds).all()
+    top = sim[sim["rank"] == 1].iloc[0]
+    assert top["num_seeds"] == seeds  # the best is always replicated
+    assert top["cost_per_million_requests"] == pytest.approx(2.0 * 2 / 3600 / top["goodput_rps"] * 1e6, rel=1e-5)
+    assert "0% lower" not in text and "Best:" in text
+
+
+def test_plan_replays_a_trace_at_its_timestamps(tmp_path, capsys):
+    trace = tmp_path / "t.csv"
+    rows = ["TIMESTAMP,ContextTokens,GeneratedTokens"]
+    for i in range(30):
+        rows.append(f"2023-11-16 18:15:{i * 2:02d}.000000,{200 + 10 * i},{20 + i}")
+    trace.write_text("\n".join(rows) + "\n")
+    code = main(["plan", "--model", "qwen2.5-14b", "--gpus", "2", "--trace", str(trace), "--seeds", "1",
+                 "--no-progress", "--out", str(tmp_path / "o")])
+    text = capsys.readouterr().out
+    assert code == 0 and "30 requests replayed at their timestamps (mean 0.5 req/s)" in text
+    doc = json.loads((tmp_path / "o" / "plan.json").read_text())
+    assert doc["mode"] == "rate" and doc["rate_rps"] == pytest.approx(0.5)
+
+
+def test_plan_bad_inputs_are_one_line(tmp_path, capsys):
+    for argv, msg in ((["--rate", "0"], "--rate must be > 0"), (["--slo", "ttft:p99"], "--slo"),
+                      (["--price-per-gpu-hour", "tpu=3"], "unknown name 'tpu'"),
+                      (["--trace", str(tmp_path / "none.csv")], "--trace")):
+        assert main(["plan", "--model", "qwen2.5-14b", "--gpus", "2", "--no-progress", "--out", str(tmp_path), *argv]) == 2
+        err = capsys.readouterr().err
+        assert len(err.strip().splitlines()) == 1 and msg in err, err
+    assert family_dir("a100-pcie-40gb") == PCIE
+
+
+def test_warnings_a_planner_needs():
+    from sim.plan import _warnings
+
+    w = _warnings({"status": "ok", "kv_headroom": 0.03, "seeds_meeting": 2.0, "num_seeds": 3.0}, "rate")
+    assert "KV headroom 3.0% < 5% at the operating point" in w and "meets the SLOs on 2 of 3 seeds only" in w
+    assert _warnings({"status": "ok", "kv_headroom": 0.2, "seeds_meeting": 3, "num_seeds": 3}, "rate") == ""
+    w = _warnings({"status": "ok", "kv_headroom_at_80pct": 0.5, "edge": "top", "flag": "non_monotone"}, "goodput")
+    assert "top of the searched range" in w and "non-monotone" in w
