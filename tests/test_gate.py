@@ -284,3 +284,19 @@ def test_ci_example_gate_full_size_and_swapped(tmp_path, capsys):
     swapped[b + 1], swapped[c + 1] = args[c + 1], args[b + 1]
     code, out, err = cli(_set_flag(swapped, "--out", str(tmp_path / "b")), capsys)
     assert code == 1 and re.search(r"\| worse", out), out
+
+
+@pytest.mark.slow
+def test_gate_on_ray_loads_the_plugin_on_the_workers(tmp_path, capsys):
+    """Ray workers are fresh processes: they import the plug-in named in each point's table."""
+    pytest.importorskip("ray")
+    plugin = tmp_path / "big_first.py"
+    plugin.write_text("from sim.policies import chunk_policies\n"
+                      "chunk_policies.register('ray-static')(chunk_policies.get('static'))\n")
+    ov = tmp_path / "ov.toml"
+    ov.write_text('[scheduler]\nchunk_size_tokens = 1024\nchunk_policy = { name = "ray-static" }\n')
+    code, out, err = cli(["gate", small(tmp_path), "--plugin", plugin, "--baseline", "PP_64", "--candidate", ov,
+                          "--metric", "mean_e2e", "--seeds", "3", "--executor", "ray", "--jobs", "2",
+                          "--no-progress", "--out", tmp_path / "o"], capsys)
+    assert code == 0, err
+    assert json.loads((tmp_path / "o" / "gate.json").read_text())["overall"]["verdict"] == "better"
