@@ -89,7 +89,7 @@ def parse_rates(text: str) -> list[int]:
 def side_table(spec: str, base: dict, flag: str) -> tuple[str, dict]:
     """(label, config table) of one side on top of the shared `base` table."""
     from sim.config import config_from_table
-    from sim.plugins import load_all, resolve_table_paths
+    from sim.plugins import add_to_table, load_all, resolve_table_paths
     from sim.schemes import _merge
 
     table = copy.deepcopy(base)
@@ -107,11 +107,12 @@ def side_table(spec: str, base: dict, flag: str) -> tuple[str, dict]:
                               f"allowed: {', '.join(OVERLAY_KEYS)}")
         overlay = resolve_table_paths(overlay, path.parent, str(path))
         label = str(overlay.pop("label", path.stem))
-        for key in ("chunk_policy",):
-            if key in overlay.get("scheduler", {}):
-                table["scheduler"].pop(key, None)
+        if "chunk_policy" in overlay.get("scheduler", {}):
+            table["scheduler"].pop("chunk_policy", None)  # replaced whole, params not merged
+        side_plugins = overlay.pop("plugins", {}).get("modules", [])
         _merge(table, overlay)
-        load_all(table.get("plugins", {}).get("modules", []))
+        add_to_table(table, side_plugins)  # added to CONFIG's and --plugin's, not replacing them
+        load_all(side_plugins)
         where = str(path)
     else:
         table = _merge_scheme(spec, table, flag)

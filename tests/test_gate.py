@@ -152,10 +152,12 @@ def test_overlay_side(tmp_path):
                   '[scheduler]\nchunk_policy = { name = "greedy", params = { signal_stat = "p90" } }\n')
     base = load_table(DEFAULT)
     base["scheduler"]["chunk_policy"] = {"name": "static", "params": {"chunk_size_tokens": 7}}
+    base["plugins"] = {"modules": ["sim.policies.accuracy"]}  # as --plugin would add it
     label, t = side_table(str(ov), base, "--candidate")
     assert label == "mine"
     assert t["scheduler"]["chunk_policy"] == {"name": "greedy", "params": {"signal_stat": "p90"}}  # not merged
-    assert t["plugins"]["modules"] == [str(tmp_path / "pol.py")] and "ov-static" in chunk_policies.names()
+    assert t["plugins"]["modules"] == ["sim.policies.accuracy", str(tmp_path / "pol.py")]
+    assert "ov-static" in chunk_policies.names()
 
 
 def test_paired_seeds_give_both_sides_the_same_arrivals_and_draws(tmp_path, capsys):
@@ -294,7 +296,7 @@ def test_gate_on_ray_loads_the_plugin_on_the_workers(tmp_path, capsys):
     plugin.write_text("from sim.policies import chunk_policies\n"
                       "chunk_policies.register('ray-static')(chunk_policies.get('static'))\n")
     ov = tmp_path / "ov.toml"
-    ov.write_text('[scheduler]\nchunk_size_tokens = 1024\nchunk_policy = { name = "ray-static" }\n')
+    ov.write_text('[scheduler]\nchunk_policy = { name = "ray-static", params = { chunk_size_tokens = 1024 } }\n')
     code, out, err = cli(["gate", small(tmp_path), "--plugin", plugin, "--baseline", "PP_64", "--candidate", ov,
                           "--metric", "mean_e2e", "--seeds", "3", "--executor", "ray", "--jobs", "2",
                           "--no-progress", "--out", tmp_path / "o"], capsys)
