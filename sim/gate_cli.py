@@ -49,7 +49,8 @@ def add_gate_commands(sub) -> None:
     p.add_argument("--workload", action="append", default=[], metavar="W",
                    help="workload name (workloads/); repeatable; default: the config's workload")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override; repeatable")
-    p.add_argument("--rates", default="1:10", help="goodput: integer rates to climb, LO:HI (default 1:10)")
+    p.add_argument("--rates", default="2:10:2",
+                   help="goodput: integer rates to climb, LO:HI[:STEP] (default 2:10:2; bisection refines)")
     p.add_argument("--tol", type=float, default=0.25, help="goodput: bisection tolerance in req/s (default 0.25)")
     p.add_argument("--jobs", type=int, default=1, help="parallel simulation processes (default 1)")
     p.add_argument("--executor", default="process", help="process (default) or ray")
@@ -71,10 +72,24 @@ def parse_margin(text: str) -> float:
     return value
 
 
+def parse_rates(text: str) -> list[int]:
+    """'2:10:2' -> [2, 4, 6, 8, 10]; STEP defaults to 1."""
+    try:
+        parts = [int(x) for x in text.split(":")]
+    except ValueError:
+        parts = []
+    if len(parts) not in (2, 3):
+        raise ConfigError(f"--rates {text!r}: expected LO:HI or LO:HI:STEP integers, e.g. 2:10:2")
+    lo, hi, step = parts[0], parts[1], parts[2] if len(parts) == 3 else 1
+    if not (0 < lo <= hi and step >= 1):
+        raise ConfigError(f"--rates {text!r}: need 0 < LO <= HI and STEP >= 1")
+    return list(range(lo, hi + 1, step))
+
+
 def side_table(spec: str, base: dict, flag: str) -> tuple[str, dict]:
     """(label, config table) of one side on top of the shared `base` table."""
     from sim.config import config_from_table
-    from sim.plugins import load_all, resolve_table_paths
+    from sim.plugins import add_to_table, load_all, resolve_table_paths
     from sim.schemes import _merge
 
     table = copy.deepcopy(base)
@@ -92,11 +107,12 @@ def side_table(spec: str, base: dict, flag: str) -> tuple[str, dict]:
                               f"allowed: {', '.join(OVERLAY_KEYS)}")
         overlay = resolve_table_paths(overlay, path.parent, str(path))
         label = str(overlay.pop("label", path.stem))
-        for key in ("chunk_policy",):
-            if key in overlay.get("scheduler", {}):
-                table["scheduler"].pop(key, None)
+        if "chunk_policy" in overlay.get("scheduler", {}):
+            table["scheduler"].pop("chunk_policy", None)  # replaced whole, params not merged
+        side_plugins = overlay.pop("plugins", {}).get("modules", [])
         _merge(table, overlay)
-        load_all(table.get("plugins", {}).get("modules", []))
+        add_to_table(table, side_plugins)  # added to CONFIG's and --plugin's, not replacing them
+        load_all(side_plugins)
         where = str(path)
     else:
         table = _merge_scheme(spec, table, flag)
@@ -163,17 +179,12 @@ def run_gate(args) -> dict:
             for seed in seeds:
                 points.append(((wname, si, seed), dict(copy.deepcopy(st), seed=seed, workload=copy.deepcopy(wl))))
     if args.metric == "goodput":
-        try:
-            lo, hi = (int(x) for x in args.rates.split(":"))
-        except ValueError:
-            raise ConfigError(f"--rates {args.rates!r}: expected LO:HI integers, e.g. 1:10") from None
-        if not 0 < lo <= hi:
-            raise ConfigError(f"--rates {args.rates!r}: need 0 < LO <= HI")
+        rates = parse_rates(args.rates)
         searches = []
         for key, t in points:
             # only pass/fail matters here: runs stop once P90 certainly misses the SLO
             t.setdefault("slo", {})["stop_when_violated"] = True
-            searches.append(Search({"key": key}, t, list(range(lo, hi + 1)), cfg.slo.ttft_ms, cfg.slo.tpot_ms))
+            searches.append(Search({"key": key}, t, rates, cfg.slo.ttft_ms, cfg.slo.tpot_ms))
         for r in goodput_searches(runner, searches, tol=args.tol, desc="gate", full_sweep=False):
             values[r["key"]] = r["goodput_rps"]
     else:
@@ -192,7 +203,7 @@ def run_gate(args) -> dict:
         "expect": args.expect, "margin_pct": margin * 100, "seeds": len(seeds), "seed_list": seeds,
         "baseline": sides[0][0], "candidate": sides[1][0], "baseline_spec": args.baseline,
         "candidate_spec": args.candidate, "config": str(args.config), "plugins": base.get("plugins", {}).get("modules", []),
-        "workloads": rows, "overall": {"verdict": verdict, "holds": ok},
+        "workloads": rows, "overall": {"verdict": verdict, "holds": ok}, "simulations": len(runner.cache),
     }
 
 
@@ -202,7 +213,7 @@ def cmd_gate(args) -> int:
     t0 = time.perf_counter()
     result = run_gate(args)
     result["elapsed_s"] = round(time.perf_counter() - t0, 2)
-    md = markdown(result) + f"\n({result['elapsed_s']:.1f} s, --jobs {args.jobs})\n"
+    md = markdown(result) + f"\n({result['simulations']} simulations in {result['elapsed_s']:.1f} s, --jobs {args.jobs})\n"
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "gate.md").write_text(md)
