@@ -133,3 +133,15 @@ def test_build_kernels_check_reproduces_committed_data():
                        text=True)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "up to date" in r.stdout
+
+
+@pytest.mark.parametrize("family, gpu", [("h100", "h100-sxm-80gb"), ("a40", "a40-48gb")])
+def test_attention_scaling_ratios_agree_with_the_datasheets(family, gpu):
+    """The measured GEMM time ratios behind the scaled attention agree with the peak-FLOPs and HBM-bandwidth
+    ratios of the GPU TOMLs (A100 80GB SXM as the reference) within 15%."""
+    from sim.latency.specs import load_gpu
+
+    att = KernelModel.load(family).meta["attention"]
+    ref, g = load_gpu("a100-sxm-80gb"), load_gpu(gpu)
+    assert att["compute_ratio"] == pytest.approx(ref.bf16_tflops / g.bf16_tflops, rel=0.15)
+    assert att["memory_ratio"] == pytest.approx(ref.hbm_bw_gbps / g.hbm_bw_gbps, rel=0.15)

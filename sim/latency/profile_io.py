@@ -147,7 +147,8 @@ def _fmt(x: float) -> str:
 
 def write_profile(out: str | Path, *, cfg: dict, layer: pd.DataFrame, prefill: dict, decode: dict,
                   comm: pd.DataFrame | None, gpu: str, base_hardware: str, sources: list[str],
-                  derivation: dict, provenance: dict | None = None, overhead_status: dict | None = None):
+                  derivation: dict, provenance: dict | None = None, overhead_status: dict | None = None,
+                  source: str | None = None):
     """Write a profile directory and return the loaded `Profile`. `layer` is indexed by num_tokens and
     has (a subset of) LAYER_COLS, at least layer_nonattn_ms; scaling is 1.0 (the tables are the
     measured hardware)."""
@@ -197,7 +198,7 @@ def write_profile(out: str | Path, *, cfg: dict, layer: pd.DataFrame, prefill: d
         "profile": {"gpu": prof.get("gpu", gpu), "model": prof.get("model", cfg["path"].stem), "tp": tp,
                     "base_hardware": base_hardware,
                     "units": {"time": "ms", "size": "bytes", "bandwidth": "GB/s (1e9 B/s)"},
-                    "sources": sources},
+                    "sources": sources, **({"source": source} if source else {})},
         "model": {k: m[k] for k in (*MODEL_KEYS_INT, "intermediate_size", "layer_params", "embedding_params",
                                      "dtype_bytes") if k in m},
         "lookup": {"mode": "grid"},

@@ -1,7 +1,8 @@
 """Where a run's latency numbers come from, in one line (summary.json `profile_source`, report.md).
 
 A built profile (`ppsim profile build`) says so and names its kernel data and whether attention was
-fitted or scaled; a hand-built profile names its base hardware and GPU; the constant model says it is one.
+fitted or scaled; an imported one (`import-vidur`) says so; a hand-built profile names its base hardware
+and GPU; the constant model says it is one.
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ def profile_source_of(path: str) -> str:
     p = meta.get("profile", {})
     if p.get("source") == "built":
         return f"built from {p.get('data_source', 'a kernel model')}; {p.get('gpu', '?')}, {p.get('interconnect', '?')} ({path})"
+    if p.get("source"):
+        return f"{p['source']}: {p.get('base_hardware', 'measured tables')} on {p.get('gpu', '?')} ({path})"
     return f"hand-built: {p.get('base_hardware', 'measured tables')} on {p.get('gpu', '?')} ({path})"
 
 

@@ -243,7 +243,8 @@ def import_vidur(src: str | Path, model_cfg: str | Path, out: str | Path, networ
         report.append(f"comm.csv: {len(comm)} rows ({', '.join(sorted(set(comm['op'])))})")
     prof = write_profile(out, cfg=cfg, layer=layer, prefill=pre, decode=dec, comm=comm,
                          gpu="Vidur profile (unspecified GPU)", base_hardware=f"Vidur profile: {src}",
-                         sources=sources, derivation=derivation, overhead_status=overhead_status)
+                         sources=sources, derivation=derivation, overhead_status=overhead_status,
+                         source="imported (ppsim profile import-vidur)")
     # Vidur simulates none of these terms: say what was added and why, so a comparison can switch them off.
     for key, v in overhead.items():
         report.append(f"overhead {key} = {v:g} [{OVERHEAD_UNITS[key]}]: {overhead_status[key]}")
