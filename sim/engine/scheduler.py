@@ -328,6 +328,9 @@ class Scheduler:
             if req.first_token_s is None or out >= req.max_new:
                 req.out_len = out - 1
                 self._emit(req, now_s)
+            else:  # a middle token: its gap to the previous one (the streaming client's ITL)
+                req.itls.append(now_s - req.last_token_s)
+                req.last_token_s = now_s
 
     def _emit(self, req: Req, now_s: float) -> None:
         req.out_len += 1
