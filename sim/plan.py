@@ -91,10 +91,16 @@ EPILOG = """examples:
 
 # -- candidates ---------------------------------------------------------------------------
 
+# hand-built profile families -> (GPU spec in profiles/gpus, interconnect); other families are GPU names
+FAMILY_GPU = {"a100-pcie-40gb": ("a100-pcie-40gb", None), "a100-sxm-80gb-nvswitch": ("a100-sxm-80gb", "nvswitch")}
+
+
 def family_dir(gpu: str) -> Path:
     p = Path(gpu)
     if not p.is_dir():
         p = REPO_ROOT / "profiles" / gpu
+    if not p.is_dir():  # a GPU with built profiles only (profiles/built/<gpu>, `ppsim profile build --all`)
+        p = REPO_ROOT / "profiles" / "built" / gpu
     if not p.is_dir():
         known = sorted(d.name for d in (REPO_ROOT / "profiles").iterdir() if d.is_dir() and not d.name.startswith("_"))
         raise ConfigError(f"--gpu {gpu!r}: no such profile family; allowed: {', '.join(known)} or a folder path")
@@ -107,7 +113,37 @@ def resolve_profile(family_path: Path, model: str, tp: int) -> tuple[Path | None
     d = family_path / model / f"tp{tp}"
     if (d / "meta.toml").is_file():
         return d, ""
-    return None, f"no profile: {_short(d)} does not exist"
+    gpu, interconnect = FAMILY_GPU.get(family_path.name, (family_path.name, None))
+    from sim.errors import PipeSimError
+    from sim.latency import library
+
+    try:
+        library.load_gpu(gpu)
+    except PipeSimError:
+        return None, f"no profile: {_short(d)} does not exist"
+    try:  # built offline from the shipped kernel data (issue 11), cached under $PIPESIM_CACHE
+        return library.resolve_profile(model, gpu, tp, interconnect), ""
+    except PipeSimError as exc:
+        return None, f"no profile: {' '.join(str(exc).split())}"
+
+
+def weights_reason(family_path: Path, model: str, tp: int, pp: int) -> str:
+    """"weights need X GB per GPU, have Y" when the model's weights alone do not fit, else ""."""
+    gpu, _ = FAMILY_GPU.get(family_path.name, (family_path.name, None))
+    from sim.errors import PipeSimError
+    from sim.latency import library
+
+    try:
+        library.check_weights(model, gpu, tp, pp)
+    except PipeSimError as exc:
+        return f"does not fit: {' '.join(str(exc).split())}"
+    return ""
+
+
+def _library_models() -> list[str]:
+    from sim.latency.library import model_names
+
+    return model_names()
 
 
 def _short(p: Path) -> str:
@@ -128,7 +164,7 @@ class Split:
 def splits(family_path: Path, name: str, model: str, gpus: int, mem_fraction: float = MEM_FRACTION,
            context: int = CONTEXT_TOKENS) -> list[Split]:
     """Every replicas x TP x PP split of `gpus` GPUs; TP over the divisors of a replica's GPUs."""
-    if not (family_path / model).is_dir():
+    if not (family_path / model).is_dir() and model not in _library_models():
         known = sorted(d.name for d in family_path.iterdir() if d.is_dir())
         raise ConfigError(f"--model {model!r}: no profile in {family_path}; allowed: {', '.join(known)}")
     out = []
@@ -146,7 +182,8 @@ def splits(family_path: Path, name: str, model: str, gpus: int, mem_fraction: fl
                                  f"PP {pp} > the model's {prof.shape().num_layers} layers"))
                 continue
             kv = kv_capacity_tokens(prof, pp, mem_fraction)
-            reason = "" if kv >= context else f"does not fit: KV pool {max(kv, 0)} tokens < one {context}-token request"
+            reason = "" if kv >= context else (weights_reason(family_path, model, tp, pp) or
+                                                f"does not fit: KV pool {max(kv, 0)} tokens < one {context}-token request")
             out.append(Split(name, replicas, tp, pp, _short(path), kv, reason))
     return out
 

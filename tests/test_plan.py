@@ -225,3 +225,15 @@ def test_warnings_a_planner_needs():
     assert _warnings({"status": "ok", "kv_headroom": 0.2, "seeds_meeting": 3, "num_seeds": 3}, "rate") == ""
     w = _warnings({"status": "ok", "kv_headroom_at_80pct": 0.5, "edge": "top", "flag": "non_monotone"}, "goodput")
     assert "top of the searched range" in w and "non-monotone" in w
+
+
+def test_splits_use_built_profiles_for_tp8_and_say_why_weights_do_not_fit():
+    """Issue 11 in plan: a split without a hand-built profile takes a built one (TP8 on 8 A100s);
+    a split whose weights cannot fit says so in GB, not as an empty KV pool."""
+    from sim.plan import family_dir, splits
+
+    sp = {(s.replicas, s.tp, s.pp): s for s in splits(family_dir("a100-pcie-40gb"), "pcie", "qwen2.5-32b", 8)}
+    assert sp[(1, 8, 1)].profile == "profiles/built/a100-pcie-40gb/qwen2.5-32b/tp8" and not sp[(1, 8, 1)].reason
+    assert "weights need 65.5 GB per GPU, have 41.9" in sp[(8, 1, 1)].reason
+    h100 = splits(family_dir("h100-sxm-80gb"), "h100", "llama-3.1-70b", 4)
+    assert {s.tp for s in h100} == {1, 2, 4} and all(s.profile.startswith("profiles/built/h100") for s in h100)
