@@ -112,7 +112,8 @@ def cmd_goodput(args) -> int:
     from sim.context import describe, format_header
 
     context = describe(cfg)
-    context["rate"] = f"swept: integer rates {lo}-{hi} req/s, then bisection to {args.tol:g} req/s (Poisson)"
+    context["rate"] = (f"swept: rates {rates[0]:g}-{rates[-1]:g} req/s ({len(rates)} points), then bisection to "
+                       f"{args.tol:g} req/s (Poisson)")
     context["seed"] = f"{base.get('seed', 1)}" if args.seeds == 1 else f"1-{args.seeds}"
     print(format_header(context), flush=True)
     out = Path(args.out) if args.out else None

@@ -70,7 +70,7 @@ CASES = [
     ("profile-missing-section", ["profile", "show", "{tmp}/nomem"], ["meta.toml", "missing section [memory]"]),
     # output folders and flags
     ("out-under-a-file", ["run", D, *TINY, "--out", "{tmp}/afile/sub"], ["--out", "afile", "Not a directory"]),
-    ("out-is-a-file", ["run", D, *TINY, "--out", "{tmp}/afile"], ["--out", "afile", "File exists"]),
+    ("out-is-a-file", ["run", D, *TINY, "--out", "{tmp}/afile"], ["--out", "afile", "exists and is not a folder"]),
     ("window-reversed", ["run", D, *TINY, "--timeline", "--window", "3:1", "--out", "{tmp}/w"],
      ["--window '3:1'", "END must be after START"]),
     ("window-garbage", ["run", D, *TINY, "--timeline", "--window", "abc", "--out", "{tmp}/w"],
@@ -86,7 +86,7 @@ CASES = [
      ["--set parallel.replicas=0", "replicas must be >= 1"]),
     ("plan-unknown-model", ["plan", "--model", "nope", "--no-progress"], ["--model 'nope'", "allowed: qwen2.5-14b"]),
     ("plan-unknown-gpu", ["plan", "--gpu", "h100", "--no-progress"], ["--gpu 'h100'", "allowed: a100-pcie-40gb"]),
-    ("plan-zero-gpus", ["plan", "--gpus", "0", "--no-progress"], ["--gpus", "must be positive"]),
+    ("plan-zero-gpus", ["plan", "--gpus", "0", "--no-progress"], ["--gpus", "must be >= 1"]),
     ("reproduce-unknown", ["reproduce", "fig99", "--out", "{tmp}/r"], ["unknown experiment 'fig99'", "allowed: fig1"]),
     ("reproduce-jobs", ["reproduce", "fig1", "--jobs", "-1", "--out", "{tmp}/r"], ["--jobs must be >= 1"]),
     ("workload-stats-unknown", ["workload", "stats", "nope"], ["workload 'nope' not found", "allowed: azure-code"]),
