@@ -215,7 +215,9 @@ def like_for_like(base: Path, other: Path, model: str, dest: Path) -> tuple[Path
             continue
         meta = tomlio.read_toml(d / "meta.toml", ConfigError)
         ometa = tomlio.read_toml(od / "meta.toml", ConfigError)
-        new = {k: copy.deepcopy(meta[k]) for k in ("profile", "model", "lookup", "scaling", "overhead", "memory")}
+        # the ground truth's variance and host costs are the GPU server's, not the interconnect's
+        new = {k: copy.deepcopy(meta[k]) for k in ("profile", "model", "lookup", "scaling", "overhead", "memory",
+                                                   "ground_truth") if k in meta}
         new["comm"] = copy.deepcopy(ometa["comm"])
         new["overhead"]["broadcast_us"] = ometa["overhead"].get("broadcast_us", 0)
         new["profile"]["gpu"] = f"{meta['profile'].get('gpu')} with the communication of {ometa['profile'].get('gpu')}"
@@ -237,7 +239,7 @@ def like_for_like(base: Path, other: Path, model: str, dest: Path) -> tuple[Path
                 held.append(f"{key} {meta[sec].get(key)} (the other profile has {ometa[sec].get(key)})")
     held = sorted(set(held))
     lines = [f"like-for-like: the {other.name} candidates run {base.name}'s layer tables, attention, "
-             f"lookup, scaling, CPU cost and memory; only the communication model is {other.name}'s."]
+             f"lookup, scaling, CPU cost, run-to-run variance and memory; only the communication model is {other.name}'s."]
     if held:
         lines.append("held fixed at the base GPU's values: " + "; ".join(held) + ".")
     lines += ["communication changed: " + n for n in notes]

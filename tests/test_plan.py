@@ -72,8 +72,12 @@ def test_interconnect_comparison_is_like_for_like(tmp_path):
         if tp > 1:
             assert ln.allreduce_s(512) == lo.allreduce_s(512) != lb.allreduce_s(512)
     text = "\n".join(notes)
-    assert "only the communication model" in text and "cpu_ms 4.0 (the other profile has 2.0)" in text
-    assert "gpu_mem_gib 39.6" in text and "allreduce_busbw_gbps 16.3 -> 157.2" in text
+    mb, mo = base.meta, other.meta
+    assert "only the communication model" in text
+    assert f"cpu_ms {mb['overhead']['cpu_ms']} (the other profile has {mo['overhead']['cpu_ms']})" in text
+    assert (f"allreduce_busbw_gbps {mb['comm']['allreduce_busbw_gbps']:g} -> {mo['comm']['allreduce_busbw_gbps']:g}"
+            in text and "gpu_mem_gib 39.6" in text)
+    assert new.meta.get("ground_truth") == base.meta.get("ground_truth")  # variance and host costs held too
 
 
 def _gp(name, fam, g, lo, hi, gpus=4, cost=None, status="ok"):
