@@ -29,8 +29,9 @@ from __future__ import annotations
 import math
 from typing import Iterable
 
-import numpy as np
-import pandas as pd
+from sim.lazy import lazy
+np = lazy("numpy")
+pd = lazy("pandas")
 
 PERCENTILES = (50, 90, 95, 99)
 

@@ -16,8 +16,9 @@ import json
 import math
 from pathlib import Path
 
-import numpy as np
-import pandas as pd
+from sim.lazy import lazy
+np = lazy("numpy")
+pd = lazy("pandas")
 
 from sim.errors import ConfigError, DataError
 

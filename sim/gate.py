@@ -27,7 +27,8 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 
-from scipy import stats as sstats
+from sim.lazy import lazy
+sstats = lazy("scipy.stats")
 
 # gate metric -> (summary field, higher is better, unit)
 METRICS = {

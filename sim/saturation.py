@@ -27,7 +27,9 @@ from __future__ import annotations
 
 import math
 
-import pandas as pd
+from sim.lazy import lazy
+
+pd = lazy("pandas")
 
 SATURATION_KEYS = ("saturated", "saturated_since_s", "saturated_until_s", "sustained_throughput_rps")
 

@@ -21,7 +21,9 @@ from __future__ import annotations
 
 import math
 
-import pandas as pd
+from sim.lazy import lazy
+
+pd = lazy("pandas")
 
 FAMILIES = ("replication", "hybrid TPxPP", "PP", "TP", "single GPU")
 

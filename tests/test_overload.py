@@ -122,7 +122,8 @@ def test_run_prints_uneven_stage_layers_first(tmp_path, capsys):
     summary = json.loads((out / "summary.json").read_text())
     # the artifact's split: floor(64 / 3) = 21 per stage, the last takes the rest
     assert summary["stage_layers"] == [21, 21, 22]
-    assert printed.splitlines()[0].split() == ["stage_layers", "[21,", "21,", "22]"]
+    body = [line for line in printed.splitlines() if not line.startswith("#")]  # after the context header
+    assert body[0].split() == ["stage_layers", "[21,", "21,", "22]"]
 
 
 def test_saturated_run_says_so_in_summary_and_report(tmp_path, capsys):

@@ -13,7 +13,7 @@ from sim.latency.profiled import Profile, ProfiledLatencyModel
 
 
 def _row(k: int, mode: str) -> tuple:
-    return (k, k % 2, 0.5 * k, 0.5 * k + 0.25, mode, 10 + k, k, 1, 9, 512, 1000 + k, 3, 7)
+    return (k, k % 2, 0.5 * k, 0.5 * k + 0.25, mode, 10 + k, k, 1, 9, 512, 1000 + k, 3, 7, 0.002 + k * 1e-6)
 
 
 def test_log_reads_back_rows_across_blocks_and_merges_replicas():

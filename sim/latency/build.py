@@ -20,7 +20,9 @@ from __future__ import annotations
 import tomllib
 from pathlib import Path
 
-import numpy as np
+from sim.lazy import lazy
+
+np = lazy("numpy")
 
 from sim import tomlio
 from sim.errors import DataError

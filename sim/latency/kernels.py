@@ -30,8 +30,10 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
-import pandas as pd
+from sim.lazy import lazy
+
+np = lazy("numpy")
+pd = lazy("pandas")
 
 from sim.errors import DataError
 from sim.tomlio import read_toml

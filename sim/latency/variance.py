@@ -23,7 +23,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-import numpy as np
+from sim.lazy import lazy
+np = lazy("numpy")
 
 from sim.rng import stream
 

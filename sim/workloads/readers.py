@@ -36,8 +36,9 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Mapping
 
-import numpy as np
-import pandas as pd
+from sim.lazy import lazy
+np = lazy("numpy")
+pd = lazy("pandas")
 
 from sim.errors import ConfigError, DataError
 from sim.workloads.trace import DEFAULT_COLUMNS, Trace, trace_formats
