@@ -69,7 +69,22 @@ class Watch:
 
     def __enter__(self):
         self._form, self._requeue = sched_mod.Scheduler.form_batch, sched_mod.Scheduler._requeue
+        self._alloc, self._result = sched_mod.Scheduler._alloc_decode, sched_mod.Scheduler.process_result
         watch = self
+        # A decode's KV slot is charged to the pool when its batch forms and to the request when
+        # its token returns (sim/engine/scheduler.py): count the slots in between.
+        self.in_flight: dict[int, int] = {}
+
+        def alloc_decode(s, reqs, what, now_s):
+            ctx = watch._alloc(s, reqs, what, now_s)
+            watch.in_flight[id(s)] = watch.in_flight.get(id(s), 0) + len(reqs)
+            return ctx
+
+        def process_result(s, mb, now_s):
+            watch.in_flight[id(s)] = watch.in_flight.get(id(s), 0) - len(mb.decodes)
+            return watch._result(s, mb, now_s)
+
+        sched_mod.Scheduler._alloc_decode, sched_mod.Scheduler.process_result = alloc_decode, process_result
 
         def form_batch(s, slot, now, rebalance=None):
             mb = watch._form(s, slot, now, rebalance)
@@ -85,12 +100,13 @@ class Watch:
 
     def __exit__(self, *exc):
         sched_mod.Scheduler.form_batch, sched_mod.Scheduler._requeue = self._form, self._requeue
+        sched_mod.Scheduler._alloc_decode, sched_mod.Scheduler.process_result = self._alloc, self._result
 
     def check(self, s, now):
         used = s.kv_capacity - s.kv_free
         if not 0 <= used <= s.kv_capacity:
             self.violations.append(f"t={now}: KV used {used} outside [0, {s.kv_capacity}]")
-        held = sum(r.kv_held for r in s.arrived)
+        held = sum(r.kv_held for r in s.arrived) + self.in_flight.get(id(s), 0)
         if held != used:
             self.violations.append(f"t={now}: requests hold {held} KV tokens, the pool says {used}")
         places = Counter(id(r) for r in s.waiting)
