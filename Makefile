@@ -13,7 +13,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 run: $(STAMP)
-	$(VENV)/bin/ppsim run experiments/configs/default.toml --out runs/default
+	$(VENV)/bin/ppsim run experiments/configs/default.toml --out runs/default --force
 
 test: $(STAMP)
 	$(PY) -m pytest -q
