@@ -196,18 +196,24 @@ class GpuSpec:
     source: str = ""
 
 
+def _spec_table(folder: Path, name: str, table: str, flag: str, what: str, names) -> tuple[Path, dict, dict]:
+    """(path, whole file, its [table]) of the spec `folder/<name>.toml`, or a one-line DataError."""
+    path = folder / f"{name}.toml"
+    if not path.is_file():
+        raise DataError(f"{flag} {name!r}: unknown {what}; allowed: {', '.join(names())}")
+    cfg = read_toml(path, DataError)
+    sec = cfg.get(table)
+    if not isinstance(sec, dict):
+        raise DataError(f"{path}: missing table [{table}]")
+    return path, cfg, sec
+
+
 def gpu_names() -> list[str]:
     return sorted(p.stem for p in GPUS_DIR.glob("*.toml"))
 
 
 def load_gpu(name: str) -> GpuSpec:
-    path = GPUS_DIR / f"{name}.toml"
-    if not path.is_file():
-        raise DataError(f"--gpu {name!r}: unknown GPU; allowed: {', '.join(gpu_names())}")
-    cfg = read_toml(path, DataError)
-    g = cfg.get("gpu")
-    if not isinstance(g, dict):
-        raise DataError(f"{path}: missing table [gpu]")
+    path, cfg, g = _spec_table(GPUS_DIR, name, "gpu", "--gpu", "GPU", gpu_names)
     where = f"{path} [gpu]"
     nums = {}
     for key in ("memory_gib", "m_init_gib", "hbm_bw_gbps", "bf16_tflops"):
@@ -240,13 +246,8 @@ def interconnect_names() -> list[str]:
 
 
 def load_interconnect(name: str) -> Interconnect:
-    path = INTERCONNECTS_DIR / f"{name}.toml"
-    if not path.is_file():
-        raise DataError(f"--interconnect {name!r}: unknown interconnect; allowed: {', '.join(interconnect_names())}")
-    cfg = read_toml(path, DataError)
-    ic = cfg.get("interconnect")
-    if not isinstance(ic, dict):
-        raise DataError(f"{path}: missing table [interconnect]")
+    path, cfg, ic = _spec_table(INTERCONNECTS_DIR, name, "interconnect", "--interconnect", "interconnect",
+                                interconnect_names)
     kind = ic.get("kind")
     if kind not in ("fixed", "measured"):
         raise DataError(f"{path} [interconnect]: field 'kind' must be 'fixed' or 'measured', got {kind!r}")
