@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from array import array
 from collections import deque
+from itertools import islice
 from operator import itemgetter
 
 from sim.engine.state import DECODE, EXTEND, FINISHED, MIXED, RUNNING, WAITING, MicroBatch, Req
@@ -425,8 +426,10 @@ class PrefillAdder:
                     reqs.extend(s.running)
             reqs.extend(r for r, _ in self.can_run)
             states = [(r.max_new - r.out_len + margin, r.prompt_len + r.out_len) for r in reqs]
-            self.states = [st for st in states if st[0] > 0]
-            self.states.sort(key=itemgetter(0))
+            if margin <= 0:  # (with a margin every state has tokens left)
+                states = [st for st in states if st[0] > 0]
+            states.sort(key=itemgetter(0))
+            self.states = states
         else:
             st = self._state(req)
             if st is not None:
@@ -441,16 +444,19 @@ class PrefillAdder:
         if not states:
             return True
         # Walk the requests in order of tokens left: after request i finishes, the ones behind
-        # it have freed their tokens, and the n - i still running need steps_i more each. All
-        # integers, so this exact form equals the artifact's float arithmetic.
-        rem = self.cur_rem - req.prompt_len
-        n = len(states)
-        freed = 0
-        for i in range(n - 1):
-            if rem + freed - states[i + 1][0] * (n - i) <= 0:
+        # it have freed their tokens, and the n - i still running need left[i + 1] more each
+        # (the test fails if rem + freed_i - left[i + 1] * (n - i) <= 0). All integers, so this
+        # exact form equals the artifact's float arithmetic.
+        room = self.cur_rem - req.prompt_len  # rem + the context freed so far
+        k = len(states)  # n - i
+        ctx_prev = states[0][1]
+        for left, ctx in islice(states, 1, None):
+            if room - left * k <= 0:
                 return False
-            freed += states[i][1]
-        return rem + freed - states[n - 1][0] > 0
+            room += ctx_prev
+            ctx_prev = ctx
+            k -= 1
+        return room - states[-1][0] > 0
 
     def add_one(self, req: Req) -> str:
         """add_one_req_ignore_eos; sets `admitted_last` to 1 if `req` joined the batch."""

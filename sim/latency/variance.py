@@ -48,47 +48,43 @@ class VarianceParams:
         return self.stall_prob * self.stall_mean_ms
 
 
-class _Blocks:
-    """A stream consumed one value at a time, drawn `BLOCK` values at a time."""
-
-    def __init__(self, draw) -> None:
-        self._draw = draw
-        self._buf: list[float] = []
-        self._i = 0
-
-    def next(self) -> float:
-        if self._i >= len(self._buf):
-            self._buf = self._draw(BLOCK).tolist()
-            self._i = 0
-        v = self._buf[self._i]
-        self._i += 1
-        return v
-
-
 class IterationNoise:
-    """The per-iteration draws of one run (or of one start-up profiling session)."""
+    """The per-iteration draws of one run (or of one start-up profiling session).
+
+    Every stream is drawn `BLOCK` values at a time, all streams together (each stream gives
+    exactly one value per iteration, so they stay aligned); a block is turned into one list of
+    (factors, stall) pairs, so an iteration costs one list index."""
 
     def __init__(self, params: VarianceParams, num_stages: int, seed: int, prefix: str = "latency") -> None:
         self.params = params
         self.num_stages = num_stages
         sigma = math.sqrt(math.log1p(params.jitter_cv ** 2)) if params.jitter_cv > 0 else 0.0
-        mu = -sigma * sigma / 2
-        self._stages = [
-            _Blocks(lambda n, g=stream(seed, f"{prefix}-jitter-stage{s}"): g.lognormal(mu, sigma, size=n))
-            for s in range(num_stages)
-        ] if sigma > 0 else []
-        stall_rng = stream(seed, f"{prefix}-stall")
-        self._stall_u = _Blocks(lambda n: stall_rng.random(size=n))
-        self._stall_e = _Blocks(lambda n: stall_rng.exponential(1.0, size=n))
-        self._ones = (1.0,) * num_stages
+        self._mu, self._sigma = -sigma * sigma / 2, sigma
+        self._stage_rngs = [stream(seed, f"{prefix}-jitter-stage{s}") for s in range(num_stages)] if sigma > 0 else []
+        self._stall_rng = stream(seed, f"{prefix}-stall")
+        self._block: list = []
+        self._i = 0
+
+    def _refill(self) -> None:
+        p = self.params
+        if self._stage_rngs:
+            factors = list(zip(*(g.lognormal(self._mu, self._sigma, size=BLOCK).tolist() for g in self._stage_rngs)))
+        else:
+            factors = [(1.0,) * self.num_stages] * BLOCK
+        # the uniform block is drawn before the exponential block, from the one stall stream
+        u = self._stall_rng.random(size=BLOCK)
+        e = self._stall_rng.exponential(1.0, size=BLOCK)
+        stall = np.where(u < p.stall_prob, e * p.stall_mean_ms / 1e3, 0.0).tolist()
+        self._block = list(zip(factors, stall))
+        self._i = 0
 
     def next(self) -> tuple[tuple[float, ...], float]:
         """(jitter factor per stage, host stall in seconds) for the next iteration."""
-        factors = tuple(b.next() for b in self._stages) if self._stages else self._ones
-        u, e = self._stall_u.next(), self._stall_e.next()
-        p = self.params
-        stall_s = e * p.stall_mean_ms / 1e3 if u < p.stall_prob else 0.0
-        return factors, stall_s
+        if self._i >= len(self._block):
+            self._refill()
+        v = self._block[self._i]
+        self._i += 1
+        return v
 
 
 def sample_factors(params: VarianceParams, num_stages: int, seed: int, n: int, prefix: str = "latency") -> np.ndarray:
