@@ -16,10 +16,11 @@ decode 128/96 and 160/128 requests at the stated context) of one middle stage of
 the default scaling; the mode with the smaller worst-case |relative error| wins.
 
 Step 2 (s_mem, s_comp, cpu_ms and the ground truth's per-request CPU and variance: cpu_per_request_us,
-jitter_cv, stall_prob, stall_mean_ms): PP=4 PP_static runs of the engine (azure-conv first 400 rows,
-Poisson 4 req/s, chunk 512; cnn-reversed 1000 requests at 8 req/s, chunk 256), seeds 1..S; per seed the
-P90/P99 of iterations.csv `iter_ms` over non-idle iterations (the summary's p90_iter_ms / p99_iter_ms),
-averaged over seeds. Objective: sum over the three targets of ((model - target) / target)^2. Search: a
+jitter_cv, stall_prob, stall_mean_ms, slow_prob, slow_mean): PP=4 runs of the engine (azure-conv first 400
+rows, Poisson 4 req/s, PP_static chunk 512 and DCP_pred; cnn-reversed 1000 requests at 8 req/s, chunk 256),
+seeds 1..S; per seed the P90/P99 of iterations.csv `iter_ms` over non-idle iterations (the summary's
+p90_iter_ms / p99_iter_ms), averaged over seeds. DCP_pred's short iterations are what separates a tail
+that scales with the iteration (slowdowns) from a fixed one (host stalls). Objective: sum over the three targets of ((model - target) / target)^2. Search: a
 coordinate search inside each parameter's documented physical range (BOUNDS; the fit never leaves it, a
 target it cannot reach keeps its residual): from the defaults, one pass of 4 values per parameter
 spanning its range, then two passes at +- half the previous spacing around the incumbent; simulations are
@@ -58,9 +59,10 @@ FITS = REPO / "profiles" / "fits.toml"
 # (reference/latency-profiles.md sections 8, 9 and 12; the variance and per-request CPU terms of the
 # fidelity issue: see profiles/build_a100.py GROUND_TRUTH_DEFAULTS). Every fitted value stays inside.
 DEFAULTS = {"s_mem": 1.25, "s_comp": 1.10, "cpu_ms": 2.0, "cpu_per_request_us": 20.0, "jitter_cv": 0.03,
-            "stall_prob": 0.02, "stall_mean_ms": 10.0}
+            "stall_prob": 0.02, "stall_mean_ms": 10.0, "slow_prob": 0.02, "slow_mean": 0.2}
 BOUNDS = {"s_mem": (1.0, 1.35), "s_comp": (1.0, 1.2), "cpu_ms": (1.0, 3.0), "cpu_per_request_us": (5.0, 50.0),
-          "jitter_cv": (0.01, 0.08), "stall_prob": (0.0, 0.10), "stall_mean_ms": (2.0, 30.0)}
+          "jitter_cv": (0.01, 0.08), "stall_prob": (0.0, 0.10), "stall_mean_ms": (2.0, 30.0),
+          "slow_prob": (0.0, 0.15), "slow_mean": (0.05, 0.6)}
 PARAMS = tuple(DEFAULTS)
 COARSE_POINTS = 4        # values per parameter in the first coordinate pass (evenly over its range)
 REFINE_PASSES = 2        # later passes: the incumbent +- half the previous spacing
@@ -112,6 +114,7 @@ def simulate_targets(targets: dict, params: dict, seeds, entries=None) -> dict:
     from sim.latency.analysis import with_overrides
     from sim.latency.profiled import Profile, ProfiledLatencyModel
     from sim.metrics import iterations_frame, requests_frame, summarize
+    from sim.schemes import scheme_table
 
     prof = with_overrides(Profile.load(profile_dir(targets)), **params)
 
@@ -125,12 +128,16 @@ def simulate_targets(targets: dict, params: dict, seeds, entries=None) -> dict:
         for t in entries or targets["iteration"]:
             vals = []
             for seed in seeds:
-                cfg = config_from_table({
-                    "seed": seed, "parallel": {"pp": targets["pp"], "tp": 1},
-                    "scheduler": {"chunk_size_tokens": t["chunk"]},
-                    "latency": {"kind": "profile", "profile": str(profile_dir(targets))},
-                    "workload": {"name": t["workload"], "rate_rps": float(t["rate_rps"]),
-                                 "num_requests": int(t["num_requests"])}}, where="calibrate")
+                workload = {"name": t["workload"], "rate_rps": float(t["rate_rps"]),
+                            "num_requests": int(t["num_requests"])}
+                if "scheme" in t:  # a dynamic-chunk scheme, set up as the experiments do (sim/schemes.py)
+                    table = scheme_table(t["scheme"], targets["model"], workload, num_gpus=targets["pp"], seed=seed)
+                else:
+                    table = {"seed": seed, "parallel": {"pp": targets["pp"], "tp": 1},
+                             "scheduler": {"chunk_size_tokens": t["chunk"]},
+                             "latency": {"kind": "profile", "profile": str(profile_dir(targets))},
+                             "workload": workload}
+                cfg = config_from_table(table, where="calibrate")
                 res = run_mod.run(cfg)
                 s = summarize(res, requests_frame(res), iterations_frame(res))
                 if res.status != "ok":

@@ -48,6 +48,26 @@ def test_stalls_have_the_stated_probability_and_exponential_mean():
     assert p.mean_stall_ms() == pytest.approx(0.6)
 
 
+def test_slowdowns_stretch_every_stage_by_one_factor_with_the_stated_statistics():
+    """A slow iteration multiplies every stage by the same 1 + Exp(slow_mean), with probability slow_prob;
+    its draws come from a stream of their own, so the jitter and stall draws are unchanged by it."""
+    base = VarianceParams(jitter_cv=0.04, stall_prob=0.05, stall_mean_ms=8.0)
+    slow = VarianceParams(jitter_cv=0.04, stall_prob=0.05, stall_mean_ms=8.0, slow_prob=0.1, slow_mean=0.3)
+    assert slow.enabled and VarianceParams(slow_prob=0.1, slow_mean=0.3).enabled
+    a = sample_factors(base, num_stages=3, seed=5, n=100_000)
+    b = sample_factors(slow, num_stages=3, seed=5, n=100_000)
+    assert np.array_equal(a[:, 3], b[:, 3])  # stalls untouched
+    ratio = b[:, :3] / a[:, :3]
+    # one factor per iteration, the same on every stage
+    assert np.allclose(ratio[:, 0], ratio[:, 1]) and np.allclose(ratio[:, 0], ratio[:, 2])
+    k = ratio[:, 0]
+    hit = k[~np.isclose(k, 1.0)]
+    assert len(hit) / len(k) == pytest.approx(0.1, rel=0.05)
+    assert (hit - 1).mean() == pytest.approx(0.3, rel=0.05)
+    # exponential tail: P(stretch > 3 means | slow) = e^-3
+    assert ((hit - 1) > 0.9).mean() == pytest.approx(math.exp(-3), rel=0.2)
+
+
 def test_zero_variance_is_exact():
     assert not VarianceParams().enabled
     f, stall = IterationNoise(VarianceParams(), 3, seed=1).next()

@@ -32,6 +32,8 @@ OVERRIDE_KEYS = {
     "decode_wave_fraction": ("ground_truth", "decode_wave_fraction"),
     "jitter_cv": ("ground_truth", "jitter_cv"),
     "stall_prob": ("ground_truth", "stall_prob"),
+    "slow_prob": ("ground_truth", "slow_prob"),
+    "slow_mean": ("ground_truth", "slow_mean"),
     "stall_mean_ms": ("ground_truth", "stall_mean_ms"),
 }
 

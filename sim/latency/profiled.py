@@ -91,6 +91,8 @@ GROUND_TRUTH_KEYS = {
     "jitter_cv": 0.0,
     "stall_prob": 0.0,
     "stall_mean_ms": 0.0,
+    "slow_prob": 0.0,
+    "slow_mean": 0.0,
 }
 
 
@@ -191,8 +193,9 @@ class Profile:
                 out[key] = default
         if not 0 <= out["decode_wave_fraction"] <= 1:
             raise DataError(f"{where}: key 'decode_wave_fraction' must be in [0, 1], got {out['decode_wave_fraction']}")
-        if not 0 <= out["stall_prob"] <= 1:
-            raise DataError(f"{where}: key 'stall_prob' must be in [0, 1], got {out['stall_prob']}")
+        for key in ("stall_prob", "slow_prob"):
+            if not 0 <= out[key] <= 1:
+                raise DataError(f"{where}: key '{key}' must be in [0, 1], got {out[key]}")
         if out["sm_count"] < 1:
             raise DataError(f"{where}: key 'sm_count' must be >= 1, got {out['sm_count']}")
         return out
@@ -359,7 +362,8 @@ class ProfiledLatencyModel:
         self.kv_heads_per_gpu = max(1, self.shape.num_kv_heads // self.tp)
         if variance:
             self.variance = VarianceParams(jitter_cv=float(noise_cv) or gt["jitter_cv"],
-                                           stall_prob=gt["stall_prob"], stall_mean_ms=gt["stall_mean_ms"])
+                                           stall_prob=gt["stall_prob"], stall_mean_ms=gt["stall_mean_ms"],
+                                           slow_prob=gt["slow_prob"], slow_mean=gt["slow_mean"])
         else:  # the zero-variance truth, plus an explicit noise_cv if one was asked for
             self.variance = VarianceParams(jitter_cv=float(noise_cv))
         self.seed = seed

@@ -38,10 +38,13 @@ class VarianceParams:
     jitter_cv: float = 0.0
     stall_prob: float = 0.0
     stall_mean_ms: float = 0.0
+    slow_prob: float = 0.0
+    slow_mean: float = 0.0
 
     @property
     def enabled(self) -> bool:
-        return self.jitter_cv > 0 or (self.stall_prob > 0 and self.stall_mean_ms > 0)
+        return (self.jitter_cv > 0 or (self.stall_prob > 0 and self.stall_mean_ms > 0)
+                or (self.slow_prob > 0 and self.slow_mean > 0))
 
     def mean_stall_ms(self) -> float:
         """Expected host stall per iteration (ms)."""
@@ -62,6 +65,7 @@ class IterationNoise:
         self._mu, self._sigma = -sigma * sigma / 2, sigma
         self._stage_rngs = [stream(seed, f"{prefix}-jitter-stage{s}") for s in range(num_stages)] if sigma > 0 else []
         self._stall_rng = stream(seed, f"{prefix}-stall")
+        self._slow_rng = stream(seed, f"{prefix}-slowdown") if params.slow_prob > 0 and params.slow_mean > 0 else None
         self._block: list = []
         self._i = 0
 
@@ -75,6 +79,13 @@ class IterationNoise:
         u = self._stall_rng.random(size=BLOCK)
         e = self._stall_rng.exponential(1.0, size=BLOCK)
         stall = np.where(u < p.stall_prob, e * p.stall_mean_ms / 1e3, 0.0).tolist()
+        if self._slow_rng is not None:
+            # a slow iteration stretches every stage by the same factor (own stream: the
+            # jitter and stall draws are the same with and without it)
+            u = self._slow_rng.random(size=BLOCK)
+            e = self._slow_rng.exponential(1.0, size=BLOCK)
+            slow = np.where(u < p.slow_prob, 1.0 + e * p.slow_mean, 1.0).tolist()
+            factors = [tuple(f * k for f in fs) if k != 1.0 else fs for fs, k in zip(factors, slow)]
         self._block = list(zip(factors, stall))
         self._i = 0
 
