@@ -9,8 +9,8 @@ A built profile has today's format (profiles/FORMAT.md), so every command takes 
   of profiles/fits.toml, as the hand-built profiles), overheads (the LM head from the GEMM model, the rest
   defaults), the interconnect's alpha-beta model, the GPU's memory, and provenance:
   `[profile] source = "built"`, `attention = "fitted" | "scaled"`, the kernel and data files used, and
-  `[fit_errors]` (leave-one-model-out GEMM errors of the family, attention fit errors, which GEMM
-  shapes were measured and which predicted).
+  `[fit_errors]` (leave-one-model-out GEMM errors of the family, per GEMM and per layer sum of the four
+  GEMMs, attention fit errors, which GEMM shapes were measured and which predicted).
 
 No comm.csv is written (alpha-beta only), so the built library stays small.
 """
@@ -208,6 +208,8 @@ def build_profile(model: ModelArch, gpu: GpuSpec, ic: Interconnect, tp: int, out
         },
         "fit_errors": {"gemm_loo_median_rel_err": val.get("loo_median_rel_err", float("nan")),
                        "gemm_loo_p90_rel_err": val.get("loo_p90_rel_err", float("nan")),
+                       "gemm_layer_loo_median_rel_err": val.get("layer_median_rel_err", float("nan")),
+                       "gemm_layer_loo_p90_rel_err": val.get("layer_p90_rel_err", float("nan")),
                        "gemm_measured_ops": [op for op in GEMM_OPS if measured[op]],
                        "gemm_predicted_ops": [op for op in GEMM_OPS if not measured[op]],
                        **{f"attention_{c}_median_rel_err": q.get("median_rel_err", 0.0) for c, q in att_q.items()},
