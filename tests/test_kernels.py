@@ -11,8 +11,8 @@ import pytest
 
 from conftest import REPO, SHARED_DATA
 from sim.latency.kernels import (Arch, KernelModel, elementwise_bytes_per_token, fit_attention_points,
-                                 fit_elementwise, gemm_shapes, leave_one_model_out, predict_gemm, rel_err_summary,
-                                 roofline_s)
+                                 fit_elementwise, gemm_shapes, layer_errors, leave_one_model_out, predict_gemm,
+                                 rel_err_summary, roofline_s)
 
 QWEN32 = Arch(hidden_size=5120, intermediate_size=27648, num_q_heads=40, num_kv_heads=8, head_dim=128)
 FAMILIES = ("a100", "h100", "a40")
@@ -115,16 +115,38 @@ def test_committed_kernel_data_is_consistent(family):
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_leave_one_model_out_from_committed_data(family):
-    """Re-derive the LOO errors from the committed tables and guard them at the level profiles/README.md states
-    (targets: median 5%, P90 10%; achieved: median 4.3-5.1%, P90 13.4-16.2%)."""
+    """Re-derive the LOO errors from the committed tables and guard them (profiles/README.md; targets: median
+    5%, P90 10%). Per layer (the four GEMMs of one model and TP degree summed, what a stage time is built
+    from) both targets hold; per single GEMM the median holds and the P90 is 12.3-14.9% (the README says why)."""
     km = KernelModel.load(family)
-    owners = [{src.split(" ")[0].split("/")[-2] for src in km.meta["gemm_sources"][f"{int(n)}x{int(k)}"]}
-              for n, k in km.shapes]
+    owners, layers = [], {}
+    for n, k in km.shapes:
+        srcs = km.meta["gemm_sources"][f"{int(n)}x{int(k)}"]
+        owners.append({src.split(" ")[0].split("/")[-2] for src in srcs})
+        for src in srcs:       # "<mlp.csv path> tp<T> <vidur op>"
+            path, tp, _ = src.split(" ")
+            layers.setdefault((path.split("/")[-2], int(tp[2:])), []).append((int(n), int(k)))
     loo = leave_one_model_out(km.grid.astype(float), km.shapes, km.table, owners, km.flops, km.bytes_per_s)
     med, p90 = rel_err_summary(loo["rel_err"])
-    assert med == pytest.approx(km.meta["validation"]["loo_median_rel_err"], abs=1e-4)
-    assert p90 == pytest.approx(km.meta["validation"]["loo_p90_rel_err"], abs=1e-4)
-    assert med <= 0.055 and p90 <= 0.17
+    val = km.meta["validation"]
+    assert med == pytest.approx(val["loo_median_rel_err"], abs=1e-4)
+    assert p90 == pytest.approx(val["loo_p90_rel_err"], abs=1e-4)
+    assert med <= 0.05 and p90 <= 0.155
+    lay = layer_errors(loo, layers)
+    lmed, lp90 = rel_err_summary(lay["rel_err"])
+    assert lmed == pytest.approx(val["layer_median_rel_err"], abs=1e-4)
+    assert lp90 == pytest.approx(val["layer_p90_rel_err"], abs=1e-4)
+    assert lmed <= 0.05 and lp90 <= 0.10
+    assert len(lay) == val["layer_points"]
+
+
+def test_layer_errors_sum_the_four_gemms():
+    loo = pd.DataFrame({"model": "m", "N": [1, 2, 1, 2], "K": 1, "num_tokens": [1, 1, 2, 2],
+                        "pred_ms": [1.0, 3.0, 2.0, 2.0], "ms": [2.0, 2.0, 2.0, 2.0], "rel_err": 0.0})
+    lay = layer_errors(loo, {("m", 1): [(1, 1), (2, 1)]})
+    np.testing.assert_allclose(lay["rel_err"], [0.0, 0.0])       # -50% and +50% cancel; 0% and 0%
+    lay = layer_errors(loo, {("m", 1): [(2, 1)]})
+    np.testing.assert_allclose(lay["rel_err"], [0.5, 0.0])
 
 
 @pytest.mark.skipif(not (SHARED_DATA / "vidur-profiles").is_dir(), reason="../shared/data/vidur-profiles absent")

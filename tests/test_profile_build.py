@@ -181,6 +181,31 @@ def test_built_profile_composes_by_hand(tmp_path):
     assert prof.meta["comm"]["p2p_bw_gbps"] == km.meta["comm"]["nvswitch"]["send_recv"]["bw_gbps"]
 
 
+def test_built_profiles_carry_the_hand_built_ground_truth(tmp_path):
+    """[ground_truth]: the calibrated Qwen2.5-32B A100 PCIe values, sm_count from the GPU TOML, marked as transferred."""
+    hand = Profile.load(REPO / "profiles" / "a100-pcie-40gb" / "qwen2.5-32b" / "tp1").meta["ground_truth"]
+    prof = build_profile(load_model("llama-3.1-8b"), load_gpu("h100-sxm-80gb"), load_interconnect("nvswitch"), 1,
+                         tmp_path)
+    gt = prof.meta["ground_truth"]
+    assert {k: v for k, v in gt.items() if k not in ("sm_count", "source")} == \
+        {k: v for k, v in hand.items() if k != "sm_count"}
+    assert gt["sm_count"] == 132 and load_gpu("a40-48gb").sm_count == 84
+    assert "transferred from the calibrated Qwen2.5-32B A100 PCIe profile" in gt["source"]
+    assert "assumed for other models/GPUs" in gt["source"]
+    assert prof.ground_truth()["stall_prob"] == hand["stall_prob"] > 0
+
+
+def test_ground_truth_keys_are_copied_not_listed(tmp_path, monkeypatch):
+    import sim.latency.build as b
+
+    src = tmp_path / "profiles" / b.GROUND_TRUTH_PROFILE
+    src.parent.mkdir(parents=True)
+    src.write_text("[ground_truth]\njitter_cv = 0.05\nsome_new_key = 0.3\nsm_count = 108\n")
+    monkeypatch.setattr(b, "PROFILES", tmp_path / "profiles")
+    gt = b.ground_truth_section(load_gpu("a40-48gb"))
+    assert gt["some_new_key"] == 0.3 and gt["jitter_cv"] == 0.05 and gt["sm_count"] == 84
+
+
 def test_pcie_builds_share_the_calibration():
     import tomllib
 

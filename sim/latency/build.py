@@ -9,8 +9,11 @@ A built profile has today's format (profiles/FORMAT.md), so every command takes 
   of profiles/fits.toml, as the hand-built profiles), overheads (the LM head from the GEMM model, the rest
   defaults), the interconnect's alpha-beta model, the GPU's memory, and provenance:
   `[profile] source = "built"`, `attention = "fitted" | "scaled"`, the kernel and data files used, and
-  `[fit_errors]` (leave-one-model-out GEMM errors of the family, attention fit errors, which GEMM
-  shapes were measured and which predicted).
+  `[fit_errors]` (leave-one-model-out GEMM errors of the family, per GEMM and per layer sum of the four
+  GEMMs, attention fit errors, which GEMM shapes were measured and which predicted), and `[ground_truth]`
+  (structure and variance of the truth, FORMAT.md): every key of the calibrated hand-built Qwen2.5-32B
+  A100 PCIe profile's section, copied as it is (assumed for other models and GPUs), except `sm_count`,
+  which comes from the GPU TOML.
 
 No comm.csv is written (alpha-beta only), so the built library stays small.
 """
@@ -35,6 +38,25 @@ LAYER_COLS = ["qkv_proj", "o_proj", "gate_up_proj", "down_proj", "act", "rope", 
 DEFAULT_OVERHEAD = {"embedding_ms": 0.1, "sample_ms": 0.2, "broadcast_us": 30}
 BUILT_DIR = PROFILES / "built"
 TPS = (1, 2, 4, 8)
+# The calibrated profile whose [ground_truth] section every built profile carries (profiles/README.md).
+GROUND_TRUTH_PROFILE = "a100-pcie-40gb/qwen2.5-32b/tp1/meta.toml"
+
+
+def ground_truth_section(gpu: GpuSpec) -> dict:
+    """[ground_truth] for a built profile: every key of the calibrated hand-built profile's section (copied,
+    not listed here, so new keys carry over), `sm_count` from the GPU TOML, and where the values come from."""
+    path = PROFILES / GROUND_TRUTH_PROFILE
+    if not path.is_file():
+        raise DataError(f"{path}: hand-built profile missing (python profiles/build_a100.py writes it)")
+    gt = dict(tomllib.loads(path.read_text()).get("ground_truth", {}))
+    if not gt:
+        raise DataError(f"{path}: no [ground_truth] section to transfer")
+    if gpu.sm_count:
+        gt["sm_count"] = gpu.sm_count
+    gt["source"] = (f"transferred from the calibrated Qwen2.5-32B A100 PCIe profile (profiles/{GROUND_TRUTH_PROFILE}; "
+                    "assumed for other models/GPUs)"
+                    + (f"; sm_count from profiles/gpus/{gpu.name}.toml" if gpu.sm_count else ""))
+    return gt
 
 
 def _fits_file(name: str) -> dict:
@@ -169,7 +191,8 @@ def build_profile(model: ModelArch, gpu: GpuSpec, ic: Interconnect, tp: int, out
                    + (f", scaled to {gpu.display}" if scaling["s_mem"] != 1.0 or scaling["s_comp"] != 1.0 else "")
                    + f"); attention {att_status}")
     sources = [f"profiles/kernels/{km.family}.toml", f"profiles/kernels/{km.family}-gemm.csv",
-               f"profiles/gpus/{gpu.name}.toml", f"profiles/interconnects/{ic.name}.toml", model.source]
+               f"profiles/gpus/{gpu.name}.toml", f"profiles/interconnects/{ic.name}.toml", model.source,
+               f"profiles/{GROUND_TRUTH_PROFILE}"]
     sources += km.sources + list(km.meta["attention"].get("sources", []))
     meta = {
         "profile": {"gpu": gpu.display, "model": model.name, "tp": tp, "source": "built",
@@ -192,6 +215,7 @@ def build_profile(model: ModelArch, gpu: GpuSpec, ic: Interconnect, tp: int, out
         "comm": {"model": "alpha-beta", "activation_bytes_per_token": 2 * model.hidden_size * model.dtype_bytes,
                  **comm},
         "memory": {"gpu_mem_gib": gpu.memory_gib, "m_init_gib": gpu.m_init_gib},
+        "ground_truth": ground_truth_section(gpu),
         "derivation": {
             "layer_nonattn": (f"GEMMs from the {km.family} kernel model at (N, K) per op for TP{tp}: "
                               + ", ".join(f"{op} {shapes[op][0]}x{shapes[op][1]} "
@@ -208,6 +232,8 @@ def build_profile(model: ModelArch, gpu: GpuSpec, ic: Interconnect, tp: int, out
         },
         "fit_errors": {"gemm_loo_median_rel_err": val.get("loo_median_rel_err", float("nan")),
                        "gemm_loo_p90_rel_err": val.get("loo_p90_rel_err", float("nan")),
+                       "gemm_layer_loo_median_rel_err": val.get("layer_median_rel_err", float("nan")),
+                       "gemm_layer_loo_p90_rel_err": val.get("layer_p90_rel_err", float("nan")),
                        "gemm_measured_ops": [op for op in GEMM_OPS if measured[op]],
                        "gemm_predicted_ops": [op for op in GEMM_OPS if not measured[op]],
                        **{f"attention_{c}_median_rel_err": q.get("median_rel_err", 0.0) for c, q in att_q.items()},

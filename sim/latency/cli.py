@@ -290,7 +290,9 @@ def cmd_build(args) -> int:
     fe = prof.meta["fit_errors"]
     print(f"  GEMMs measured: {', '.join(fe['gemm_measured_ops']) or 'none'}; predicted: "
           f"{', '.join(fe['gemm_predicted_ops']) or 'none'} (leave-one-model-out error of the "
-          f"{p['kernel_data']} data: median {fe['gemm_loo_median_rel_err']:.1%}, P90 {fe['gemm_loo_p90_rel_err']:.1%})")
+          f"{p['kernel_data']} data: median {fe['gemm_loo_median_rel_err']:.1%}, P90 {fe['gemm_loo_p90_rel_err']:.1%} "
+          f"per GEMM; median {fe.get('gemm_layer_loo_median_rel_err', float('nan')):.1%}, "
+          f"P90 {fe.get('gemm_layer_loo_p90_rel_err', float('nan')):.1%} per layer)")
     return 0
 
 

@@ -5,11 +5,14 @@ What it models (per layer, one TP shard, milliseconds, at the token counts of th
 - **GEMMs** (QKV, O, gate-up, down) as t(M tokens, N, K). The measured shapes of a GPU family (every
   model x TP degree x projection in Vidur's mlp.csv files) are kept as tables over the token grid. A
   shape that was measured is looked up; any other shape is predicted from the `NEIGHBOURS` measured
-  shapes nearest in (log N, log K): each neighbour's measured curve is scaled by the ratio of a roofline
-  cost, `max(2 M N K / flops, 2 (N K + M K + M N) / bytes_per_s) + launch`, at the target and at the
-  neighbour's shape, and the scaled curves are averaged geometrically with inverse-distance weights.
-  The step structure over M (tile quantisation at multiples of 64/128) therefore comes from measured
-  curves, and only the level is interpolated in N and K.
+  shapes nearest in (log N, `K_WEIGHT` x log K): each neighbour's measured curve is scaled by the ratio
+  of a roofline cost, `max(2 M N K / flops, 2 (N K + M K + M N) / bytes_per_s) + launch`, at the target
+  and at the neighbour's shape, and the scaled curves are averaged geometrically with inverse-squared-
+  distance weights. The step structure over M (tile quantisation at multiples of 64/128) therefore
+  comes from measured curves, and only the level is interpolated in N and K. N counts more than K in
+  the distance because N (with M) sets the grid of output tiles over the SMs, i.e. where the curve
+  steps and how full each wave is, while K only sets the length of each tile's loop, which the roofline
+  ratio already scales (leave-one-model-out: profiles/README.md).
 - **Element-wise ops** (activation, RoPE, the two RMSNorms, the residual add) by bytes moved:
   `a + b * bytes`, one (a, b) per op, fitted by non-negative least squares in relative error.
 - **Attention**: prefill `a + b_c c + b_c2 c^2 + b_cp c p` per 32 x 128 query dims and decode
@@ -18,10 +21,10 @@ What it models (per layer, one TP shard, milliseconds, at the token counts of th
   attention data of its own takes the A100 fit times measured A100/GPU ratios (compute-bound GEMMs
   for prefill, element-wise bytes for decode) and is marked "scaled".
 
-The fitting functions (`fit_elementwise`, `fit_attention_points`, `leave_one_model_out`) are used by
-`profiles/build_kernels.py`, which writes `profiles/kernels/<family>.toml` (coefficients, each with
-the data files it came from) and `profiles/kernels/<family>-gemm.csv` (the measured GEMM curves);
-`KernelModel.load` reads them back without the shared data folder.
+The fitting functions (`fit_elementwise`, `fit_attention_points`, `leave_one_model_out`, `layer_errors`)
+are used by `profiles/build_kernels.py`, which writes `profiles/kernels/<family>.toml` (coefficients,
+each with the data files it came from) and `profiles/kernels/<family>-gemm.csv` (the measured GEMM
+curves); `KernelModel.load` reads them back without the shared data folder.
 """
 
 from __future__ import annotations
@@ -45,7 +48,8 @@ ELEMENTWISE_OPS = ("act", "rope", "rmsnorm", "residual_add")
 VIDUR_OP = {"qkv_proj": "attn_pre_proj", "o_proj": "attn_post_proj", "gate_up_proj": "mlp_up_proj",
             "down_proj": "mlp_down_proj", "act": "mlp_act", "rope": "attn_rope", "residual_add": "add",
             "rmsnorm": "input_layernorm"}
-NEIGHBOURS = 4            # measured shapes averaged per prediction
+NEIGHBOURS = 8            # measured shapes averaged per prediction
+K_WEIGHT = 0.25           # weight of log K against log N in the neighbour distance (N sets the tile grid)
 DISTANCE_FLOOR = 0.05     # log-distance added before inverse-distance weighting (an exact hit dominates)
 LAUNCH_S = 5e-6           # per-kernel floor of the roofline cost ratio
 PREFILL_REF_DIMS = 32 * 128    # query heads x head dim the prefill coefficients are stated for
@@ -96,7 +100,7 @@ def roofline_s(m: np.ndarray, n: float, k: float, flops: float, bytes_per_s: flo
 def predict_gemm(grid: np.ndarray, shapes: np.ndarray, table: np.ndarray, n: int, k: int,
                  flops: float, bytes_per_s: float) -> np.ndarray:
     """ms over `grid` for shape (n, k) from measured `shapes` (S x 2) with curves `table` (S x G)."""
-    dist = np.hypot(np.log(shapes[:, 0] / n), np.log(shapes[:, 1] / k))
+    dist = np.hypot(np.log(shapes[:, 0] / n), K_WEIGHT * np.log(shapes[:, 1] / k))
     idx = np.argsort(dist, kind="stable")[:NEIGHBOURS]
     target = roofline_s(grid, n, k, flops, bytes_per_s)
     logs, weights = [], []
@@ -151,7 +155,8 @@ def leave_one_model_out(grid: np.ndarray, shapes: np.ndarray, table: np.ndarray,
     """For each model, predict each of its shapes from the shapes no held-out model has.
 
     `owners[i]` names the models that have shape i (identical shapes of two models, e.g. Llama-2-70B and
-    Llama-3-70B, are held out together). Returns one row per (model, shape, token count) with rel_err."""
+    Llama-3-70B, are held out together). Returns one row per (model, shape, token count) with the
+    predicted and measured ms and rel_err."""
     rows = []
     keep_m = grid <= max_tokens
     models = sorted(set().union(*owners))
@@ -159,10 +164,27 @@ def leave_one_model_out(grid: np.ndarray, shapes: np.ndarray, table: np.ndarray,
         held = np.array([model in o for o in owners])
         for i in np.flatnonzero(held):
             pred = predict_gemm(grid, shapes[~held], table[~held], shapes[i, 0], shapes[i, 1], flops, bytes_per_s)
-            err = (pred / table[i] - 1)[keep_m]
-            for m, e in zip(grid[keep_m], err):
-                rows.append((model, int(shapes[i, 0]), int(shapes[i, 1]), int(m), float(e)))
-    return pd.DataFrame(rows, columns=["model", "N", "K", "num_tokens", "rel_err"])
+            n, k = int(shapes[i, 0]), int(shapes[i, 1])
+            for m, p, t in zip(grid[keep_m], pred[keep_m], table[i][keep_m]):
+                rows.append((model, n, k, int(m), float(p), float(t), float(p / t - 1)))
+    return pd.DataFrame(rows, columns=["model", "N", "K", "num_tokens", "pred_ms", "ms", "rel_err"])
+
+
+def layer_errors(loo: pd.DataFrame, layers: dict[tuple[str, int], list[tuple[int, int]]]) -> pd.DataFrame:
+    """Leave-one-model-out error of the per-layer GEMM time: the sum of the four projections of one
+    (model, TP degree), `layers[(model, tp)]` = their (N, K), predicted and measured, summed per token count.
+
+    This is the quantity a stage time is built from; errors of single GEMMs partly cancel in it.
+    Returns one row per (model, tp, token count) with rel_err."""
+    by = {key: g for key, g in loo.groupby(["model", "N", "K"])}
+    rows = []
+    for (model, tp), nks in sorted(layers.items()):
+        parts = [by[(model, int(n), int(k))].set_index("num_tokens") for n, k in nks]
+        pred = sum(p["pred_ms"] for p in parts)
+        ms = sum(p["ms"] for p in parts)
+        rows.append(pd.DataFrame({"model": model, "tp": int(tp), "num_tokens": pred.index,
+                                  "rel_err": (pred / ms - 1).to_numpy()}))
+    return pd.concat(rows, ignore_index=True)
 
 
 class KernelModel:

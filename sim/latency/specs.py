@@ -194,6 +194,7 @@ class GpuSpec:
     default_interconnect: str
     scaling: dict = field(default_factory=dict)    # s_mem, s_comp, lookup, cpu_ms, status, source / calibration
     source: str = ""
+    sm_count: int = 0           # streaming multiprocessors (0: not given)
 
 
 def _spec_table(folder: Path, name: str, table: str, flag: str, what: str, names) -> tuple[Path, dict, dict]:
@@ -224,9 +225,12 @@ def load_gpu(name: str) -> GpuSpec:
     for key in ("kernel_data", "default_interconnect", "display"):
         if not isinstance(g.get(key), str):
             raise DataError(f"{where}: field {key!r} must be a string")
+    sms = g.get("sm_count", 0)
+    if isinstance(sms, bool) or not isinstance(sms, int) or sms < 0:
+        raise DataError(f"{where}: field 'sm_count' must be a positive integer, got {sms!r}")
     return GpuSpec(name=name, display=g["display"], kernel_data=g["kernel_data"],
                    default_interconnect=g["default_interconnect"], scaling=dict(cfg.get("scaling", {})),
-                   source=str(g.get("source", "")), **nums)
+                   source=str(g.get("source", "")), sm_count=sms, **nums)
 
 
 @dataclass(frozen=True)
