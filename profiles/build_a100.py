@@ -402,13 +402,15 @@ FIT_TARGETS = {   # reference/latency-profiles.md section 12
 #   memory contention): 1-8%;
 # - stall_prob / stall_mean_ms: occasional host-side stalls of an iteration (GC, scheduler
 #   hiccups, a late rank at the blocking token broadcast): 0-10% of iterations, 2-30 ms each.
+# - slow_prob / slow_mean: occasional slow iterations, every stage stretched by 1 + Exp(slow_mean)
+#   (clocks throttled under the power cap, a contended PCIe switch): 0-15% of iterations, 5-60%.
 GROUND_TRUTH_DEFAULTS = {"cpu_per_request_us": 20.0, "jitter_cv": 0.03, "stall_prob": 0.02, "stall_mean_ms": 10.0,
                          "slow_prob": 0.02, "slow_mean": 0.2}
 GROUND_TRUTH_FILE = DEFAULT_OUT / "ground_truth.toml"  # written by profiles/fit_ground_truth.py
 for _k in GROUND_TRUTH_DEFAULTS:
     FIT_TARGETS[_k] = ("section 12 step 2 (variance and per-request CPU, the fidelity issue): Fig. 11 azure-conv "
-                       "~4 req/s PP_static chunk 512 P90 51.68 ms, P99 65.34 ms, DCP_pred P90 21.53 ms, P99 30.94 ms; "
-                       "cnn-reversed ~8 req/s PP_static chunk 256 P90 28.94 ms")
+                       "~4 req/s PP_static chunk 512 P90 51.68 ms, P99 65.34 ms; cnn-reversed ~8 req/s PP_static "
+                       "chunk 256 P90 28.94 ms")
 
 
 def load_ground_truth(path: Path = GROUND_TRUTH_FILE) -> dict:

@@ -16,11 +16,11 @@ decode 128/96 and 160/128 requests at the stated context) of one middle stage of
 the default scaling; the mode with the smaller worst-case |relative error| wins.
 
 Step 2 (s_mem, s_comp, cpu_ms and the ground truth's per-request CPU and variance: cpu_per_request_us,
-jitter_cv, stall_prob, stall_mean_ms, slow_prob, slow_mean): PP=4 runs of the engine (azure-conv first 400
-rows, Poisson 4 req/s, PP_static chunk 512 and DCP_pred; cnn-reversed 1000 requests at 8 req/s, chunk 256),
+jitter_cv, slow_prob, slow_mean; the host stall is held at 0, see FIXED): PP=4 PP_static runs of the engine
+(azure-conv first 400 rows, Poisson 4 req/s, chunk 512; cnn-reversed 1000 requests at 8 req/s, chunk 256),
 seeds 1..S; per seed the P90/P99 of iterations.csv `iter_ms` over non-idle iterations (the summary's
-p90_iter_ms / p99_iter_ms), averaged over seeds. DCP_pred's short iterations are what separates a tail
-that scales with the iteration (slowdowns) from a fixed one (host stalls). Objective: sum over the three targets of ((model - target) / target)^2. Search: a
+p90_iter_ms / p99_iter_ms), averaged over seeds. The DCP percentiles are checks, not targets
+(decisions.md): simulated after the fit and printed, never in the objective. Objective: sum over the three targets of ((model - target) / target)^2. Search: a
 coordinate search inside each parameter's documented physical range (BOUNDS; the fit never leaves it, a
 target it cannot reach keeps its residual): from the defaults, one pass of 4 values per parameter
 spanning its range, then two passes at +- half the previous spacing around the incumbent; simulations are
@@ -59,11 +59,19 @@ FITS = REPO / "profiles" / "fits.toml"
 # (reference/latency-profiles.md sections 8, 9 and 12; the variance and per-request CPU terms of the
 # fidelity issue: see profiles/build_a100.py GROUND_TRUTH_DEFAULTS). Every fitted value stays inside.
 DEFAULTS = {"s_mem": 1.25, "s_comp": 1.10, "cpu_ms": 2.0, "cpu_per_request_us": 20.0, "jitter_cv": 0.03,
-            "stall_prob": 0.02, "stall_mean_ms": 10.0, "slow_prob": 0.02, "slow_mean": 0.2}
+            "slow_prob": 0.02, "slow_mean": 0.2}
 BOUNDS = {"s_mem": (1.0, 1.35), "s_comp": (1.0, 1.2), "cpu_ms": (1.0, 3.0), "cpu_per_request_us": (5.0, 50.0),
-          "jitter_cv": (0.01, 0.08), "stall_prob": (0.0, 0.10), "stall_mean_ms": (2.0, 30.0),
-          "slow_prob": (0.0, 0.15), "slow_mean": (0.05, 0.6)}
+          "jitter_cv": (0.01, 0.08), "slow_prob": (0.0, 0.15), "slow_mean": (0.05, 0.6)}
 PARAMS = tuple(DEFAULTS)
+# Parameters of the model held fixed, not fitted, with the reason (written to fits.toml as such).
+# The tail's structure: slow iterations that stretch the whole iteration (slow_prob, slow_mean), not a
+# fixed host stall. Both give PP_static's 52/65 ms P90/P99, but a fixed stall sized for them gave the
+# DCP_pred check a P99 of 50 ms against the published 30.94 ms (fit of 2026-12-01, commit a7fae35):
+# the tail scales with the iteration. The stall term stays in the model for what-if runs.
+FIXED = {"stall_prob": (0.0, "fixed at 0, not fitted: the tail is modelled by slow iterations (slow_prob, "
+                             "slow_mean), which scale with the iteration; a fixed host stall fitted to the PP_static "
+                             "targets gave the DCP_pred P99 check +62% (profiles/FORMAT.md)"),
+         "stall_mean_ms": (10.0, "unused while stall_prob = 0 (default kept)")}
 COARSE_POINTS = 4        # values per parameter in the first coordinate pass (evenly over its range)
 REFINE_PASSES = 2        # later passes: the incumbent +- half the previous spacing
 TIE = 1e-5
@@ -176,6 +184,11 @@ def _axis(p: str, centre: float, spacing: float) -> list[float]:
     return sorted({min(hi, max(lo, round(centre + d * spacing, 4))) for d in (-1, 0, 1)})
 
 
+def _extra(mode: str) -> tuple:
+    """The overrides every simulated point carries besides the fitted parameters."""
+    return (("mode", mode),) + tuple((k, v) for k, (v, _why) in FIXED.items())
+
+
 def search(targets: dict, seeds, jobs: int, quick: bool, mode: str, log=print, evaluate=None) -> dict:
     """Coordinate search inside the bounds: from the defaults, each parameter in turn over
     COARSE_POINTS values spanning its range (the others held at the incumbent), then REFINE_PASSES
@@ -192,10 +205,9 @@ def search(targets: dict, seeds, jobs: int, quick: bool, mode: str, log=print, e
             results = evaluate(todo)
         elif jobs > 1:
             with ProcessPoolExecutor(max_workers=jobs) as ex:
-                results = list(ex.map(simulate, [(tuple(p.items()), tuple(seeds), tpath, (("mode", mode),))
-                                                 for p in todo]))
+                results = list(ex.map(simulate, [(tuple(p.items()), tuple(seeds), tpath, _extra(mode)) for p in todo]))
         else:
-            results = [simulate((tuple(p.items()), tuple(seeds), tpath, (("mode", mode),))) for p in todo]
+            results = [simulate((tuple(p.items()), tuple(seeds), tpath, _extra(mode))) for p in todo]
         for p, vals in zip(todo, results):
             cache[_key(p)] = (objective(vals, targets), vals)
 
@@ -327,6 +339,10 @@ def render_fits(mode_res: dict, fit: dict, seeds, commit: str, checks: dict, tar
                   f"target = {_q(tgt)}",
                   f"achieved = {_q(ach)}", f"residual = {_q(res)}", f"seeds = {len(seeds)}",
                   f"simulator_commit = {_q(commit)}", f"method = {_q(method)}", ""]
+    for p, (value, why) in FIXED.items():
+        lines += ["[[fit]]", f"param = {_q(p)}", f"value = {value!r}", f"status = {_q(why)}",
+                  f"target = {_q('none (not fitted)')}", 'achieved = ""', 'residual = ""', "seeds = 0",
+                  f"simulator_commit = {_q(commit)}", f"method = {_q('fixed')}", ""]
     bub = checks["bubble"]
     lines += ["[checks]",
               f"bubble_ms = {round(bub['bubble_ms'], 1)!r}",
@@ -375,6 +391,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  {t['name']:34s} model {v:7.2f} ms  target {t['value']:7.2f} ms  error {v / t['value'] - 1:+.1%}")
 
     print("Checks")
+    checks = [t for t in targets.get("iteration_validation", []) if "num_requests" in t]
+    if checks:
+        vals = simulate_targets(targets, {**best, "mode": mode, **{k: v for k, (v, _w) in FIXED.items()}}, seeds,
+                                checks)
+        for t in checks:
+            v = vals[t["name"]]
+            print(f"  {t['name']:34s} model {v:7.2f} ms  target {t['value']:7.2f} ms  error {v / t['value'] - 1:+.1%}"
+                  "  (check, not fitted)")
     s1f = step1(targets, best)
     for m, r in s1f["ratios"].items():
         print(f"  micro-benchmarks, fitted values, {m}: " +

@@ -10,9 +10,13 @@ Two sources, both on by default in the shipped profiles (`[ground_truth]` in met
   (garbage collection, Python scheduler hiccups, the blocking `tolist()` sync waiting on a late
   rank). This is the occasional slow iteration that gives real per-iteration latency its tail;
   a symmetric lognormal body alone cannot.
+- **Slow iterations.** With probability `slow_prob` every stage of the iteration is stretched by
+  one factor 1 + Exp(mean `slow_mean`) (GPU clocks throttled under the power cap, a contended PCIe
+  switch): a tail that scales with the iteration's work, where a host stall is a fixed amount.
 
 Common random numbers: each stage draws from its own named stream (`<prefix>-jitter-stage<s>`)
-and the stalls from `<prefix>-stall`, one draw per iteration in iteration order, whether or not
+and the stalls from `<prefix>-stall` (slow iterations from `<prefix>-slowdown`, drawn only when
+they are on, so every other draw is the same with or without them), one draw per iteration in iteration order, whether or not
 the stage has work. Two schemes run with the same seed therefore see identical noise at the same
 iteration position. Start-up profiling uses `prefix = "startup"`, so the policy's profiling
 never shifts the draws the run itself sees.
