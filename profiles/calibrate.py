@@ -410,7 +410,8 @@ def main(argv: list[str] | None = None) -> int:
           f"error {bub['bubble_ms'] / targets['bubble']['ms'] - 1:+.1%} ({bub['alt_ms'] / targets['bubble']['ms'] - 1:+.1%})")
     print(f"  stage times: 2048 tokens {bub['stage_big_ms']:.1f} ms, 128 tokens {bub['stage_small_ms']:.1f} ms")
     for bw in (8, 12):
-        vals = simulate_targets(targets, {**best, "mode": mode, "p2p_bw_gbps": bw}, seeds)
+        vals = simulate_targets(targets, {**best, "mode": mode, "p2p_bw_gbps": bw,
+                                          **{k: v for k, (v, _w) in FIXED.items()}}, seeds)
         print(f"  p2p {bw} GB/s: " + ", ".join(f"{k} {v:.2f} ms ({v / fit['values'][k] - 1:+.2%} vs 10 GB/s)"
                                                for k, v in vals.items()))
     if args.sensitivity:

@@ -192,7 +192,7 @@ def test_built_profiles_carry_the_hand_built_ground_truth(tmp_path):
     assert gt["sm_count"] == 132 and load_gpu("a40-48gb").sm_count == 84
     assert "transferred from the calibrated Qwen2.5-32B A100 PCIe profile" in gt["source"]
     assert "assumed for other models/GPUs" in gt["source"]
-    assert prof.ground_truth()["stall_prob"] == hand["stall_prob"] > 0
+    assert prof.ground_truth()["slow_prob"] == hand["slow_prob"] > 0
 
 
 def test_ground_truth_keys_are_copied_not_listed(tmp_path, monkeypatch):

@@ -1,25 +1,26 @@
 """Run-to-run variance of a real GPU server, as seeded random draws per lock-step iteration.
 
-Two sources, both on by default in the shipped profiles (`[ground_truth]` in meta.toml):
+Three sources (`[ground_truth]` in meta.toml; the shipped A100 profiles turn on the jitter and the
+slow iterations, the calibration holds the host stall at 0, see profiles/FORMAT.md):
 
 - **Stage jitter.** Every stage's time in every iteration is multiplied by an independent
   lognormal factor with mean 1 and coefficient of variation `jitter_cv` (kernel-time variance:
   clocks under a power cap, memory and PCIe contention). sigma^2 = log(1 + cv^2), mu = -sigma^2/2.
+- **Slow iterations.** With probability `slow_prob` every stage of the iteration is stretched by
+  one factor 1 + Exp(mean `slow_mean`) (GPU clocks throttled under the power cap, a contended PCIe
+  switch). This is the occasional slow iteration that gives real per-iteration latency its tail
+  (a symmetric lognormal body alone cannot), and it scales with the iteration's work.
 - **Host stalls.** With probability `stall_prob` per iteration the host adds a stall drawn from
   an exponential distribution with mean `stall_mean_ms` to the iteration's critical path
   (garbage collection, Python scheduler hiccups, the blocking `tolist()` sync waiting on a late
-  rank). This is the occasional slow iteration that gives real per-iteration latency its tail;
-  a symmetric lognormal body alone cannot.
-- **Slow iterations.** With probability `slow_prob` every stage of the iteration is stretched by
-  one factor 1 + Exp(mean `slow_mean`) (GPU clocks throttled under the power cap, a contended PCIe
-  switch): a tail that scales with the iteration's work, where a host stall is a fixed amount.
+  rank): a fixed amount, whatever the iteration's size.
 
-Common random numbers: each stage draws from its own named stream (`<prefix>-jitter-stage<s>`)
-and the stalls from `<prefix>-stall` (slow iterations from `<prefix>-slowdown`, drawn only when
-they are on, so every other draw is the same with or without them), one draw per iteration in iteration order, whether or not
-the stage has work. Two schemes run with the same seed therefore see identical noise at the same
-iteration position. Start-up profiling uses `prefix = "startup"`, so the policy's profiling
-never shifts the draws the run itself sees.
+Common random numbers: each stage draws from its own named stream (`<prefix>-jitter-stage<s>`),
+the stalls from `<prefix>-stall` and the slow iterations from `<prefix>-slowdown` (drawn only
+when they are on, so every other draw is the same with or without them), one draw per iteration
+in iteration order, whether or not the stage has work. Two schemes run with the same seed
+therefore see identical noise at the same iteration position. Start-up profiling uses
+`prefix = "startup"`, so the policy's profiling never shifts the draws the run itself sees.
 """
 
 from __future__ import annotations
