@@ -169,6 +169,7 @@ def write_report(results: Path, out: Path) -> Path:
     shown = results.resolve()
     shown = shown.relative_to(REPO_ROOT) if shown.is_relative_to(REPO_ROOT) else shown
     notes = _load_toml(NOTES) if NOTES.is_file() else {}
+    preamble = notes.pop("report", {}).get("preamble", "")  # a person's reading of the whole report
     held = sum(r["holds"] for r in rows)
     lines = ["# Fidelity report", "",
              f"Simulated values from `{shown}` against the published numbers in `profiles/calibration_targets.toml` "
@@ -177,6 +178,8 @@ def write_report(results: Path, out: Path) -> Path:
              "except the profile parameters listed at the end.", "",
              f"**{held} of {len(rows)} targets within {GAP:.0%}** (a best static chunk holds when it equals the "
              "published chunk or the published chunk is statistically tied with the best).", ""]
+    if preamble:
+        lines += [preamble.strip(), ""]
     group = None
     for r in rows:
         if r["group"] != group:

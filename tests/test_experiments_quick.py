@@ -83,6 +83,8 @@ def test_fidelity_report_on_quick_results(quick_results, capsys):
     assert "allreduce_busbw_gbps" in text
     assert "targets within 10%" in text and "within 10% |" in text
     assert "## Sensitivity to the all-reduce bandwidth (busbw.csv)" in text
+    # a person's notes: the preamble above the tables, a miss's explanation beside it
+    assert "How the iteration tail is modelled" in text.split("## ")[0]
 
 
 @pytest.mark.parametrize("notebook", ["goodput_comparison.ipynb", "iteration_latency.ipynb", "trace_replay.ipynb"])
