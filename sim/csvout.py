@@ -56,10 +56,10 @@ def format_column(values: pd.Series) -> list[str] | None:
     return None
 
 
-def write_csv(df: pd.DataFrame, path: str | Path, block: int = 65536) -> None:
+def write_csv(df: pd.DataFrame, path: str | Path, block: int = 8192) -> None:
     """`df.to_csv(path, index=False)`, faster. Rows are formatted and written `block` at a time,
     so the text of a huge table is never held at once (a 10^6-row requests.csv would take
-    about 1.5 GB as Python strings)."""
+    about 1.5 GB as Python strings; a block of 8,192 rows about 15 MB)."""
     if len(df) == 0 or df.shape[1] < 2 or not df.columns.is_unique:
         df.to_csv(path, index=False)
         return

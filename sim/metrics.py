@@ -41,7 +41,7 @@ pd = lazy("pandas")  # imported on first use (sim/lazy.py)
 
 from sim.bench_metrics import bench_metrics_of
 from sim.config import SLOConfig
-from sim.saturation import saturation_of
+from sim.saturation import load_window, replica_window, saturation_of
 from sim.slo import pkey
 from sim.engine.records import ModeColumn, StageBusy
 
@@ -159,11 +159,12 @@ def _time_weighted(values: pd.Series, durations: pd.Series) -> float:
     return float((values * durations).sum() / total) if total > 0 else math.nan
 
 
-def _iteration_summary(result, duration: float) -> tuple[dict, list]:
+def _iteration_summary(result, duration: float, load: tuple[float, float] | None) -> tuple[dict, list]:
     """The per-iteration part of the summary, read one column at a time from the run's
     iteration columns (in memory, or spilled to files: sim/engine/records.py), with the same
     numpy operations on the same arrays as the iterations.csv frame, so the same numbers.
-    Also returns each replica's (start_s, end_s, num_waiting) for `saturation`."""
+    Also returns each replica's saturated phase (`sim.saturation.replica_window`) under the
+    load window `load`."""
     cols = result.iterations
     n = len(cols["start_s"]) if "start_s" in cols else 0
     out: dict = {}
@@ -176,12 +177,16 @@ def _iteration_summary(result, duration: float) -> tuple[dict, list]:
     iter_ms = (end - start) * 1e3
     busy_rows = _np(cols["mode"]) != 0  # MODES[0] is "idle"
     out.update(_stats("iter_ms", iter_ms[busy_rows]))
-    replica = _np(cols["replica"]) if "replica" in cols else None
-    if replica is None:
-        groups = [(start, end, _np(cols["num_waiting"]))]
-    else:
+    windows = []
+    if load is not None:
         waiting = _np(cols["num_waiting"])
-        groups = [(start[m], end[m], waiting[m]) for m in (replica == r for r in np.unique(replica))]
+        replica = _np(cols["replica"]) if "replica" in cols else None
+        if replica is None or replica[0] == replica[-1]:  # one replica (rows are in replica order)
+            windows = [replica_window(start, end, waiting, *load, result.end_s)]
+        else:
+            windows = [replica_window(start[m], end[m], waiting[m], *load, result.end_s)
+                       for m in (replica == r for r in np.unique(replica))]
+        del waiting, replica
     del start, end
     # the stages' busy (then idle) ms, laid out as the frame's to_numpy() gives them
     sb = result.stage_busy
@@ -201,7 +206,7 @@ def _iteration_summary(result, duration: float) -> tuple[dict, list]:
     del stage_ms
     out["kv_used_mean_tokens"] = _time_weighted(_np(cols["kv_used_tokens"]), iter_ms)
     out["queue_mean"] = _time_weighted(_np(cols["num_waiting"]), iter_ms)
-    return out, groups
+    return out, windows
 
 
 def _np(column):
@@ -269,7 +274,7 @@ def summarize(result) -> dict:
     out["throughput_rps"] = num_fin / window if window > 0 else math.nan
     out["throughput_drain_rps"] = num_fin / duration if duration > 0 else math.nan
     out["output_tokens_per_s"] = float(req["generated_tokens"][fin].sum() / duration) if duration > 0 else math.nan
-    it_out, groups = _iteration_summary(result, duration)
+    it_out, windows = _iteration_summary(result, duration, load_window(arrival, result.end_s))
     out.update(it_out)
     out["kv_capacity_tokens"] = result.kv_capacity_tokens
     out["kv_peak_tokens"] = result.kv_peak_tokens
@@ -277,8 +282,7 @@ def summarize(result) -> dict:
     out["num_chunk_decisions"] = len(result.decisions)
     out["num_rebalancer_moves"] = len(result.moves)
     # saturated, sustained_throughput_rps
-    out.update(saturation_of(arrival, req["finish_s"], groups, result.end_s))
-    del groups
+    out.update(saturation_of(arrival, req["finish_s"], windows, result.end_s))
     extras = getattr(result, "extras", {}) or {}
     out["num_kv_exhausted"] = int(extras.get("num_kv_exhausted", 0))
     out["stage_layers"] = list(extras.get("stage_layers", []))

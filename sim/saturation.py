@@ -37,35 +37,50 @@ SATURATION_KEYS = ("saturated", "saturated_since_s", "saturated_until_s", "susta
 
 def saturation(req_df: pd.DataFrame, it_df: pd.DataFrame, end_s: float) -> dict:
     """The saturation fields of a run from its requests.csv and iterations.csv frames."""
-    groups = []
-    if len(it_df):
+    arrival = req_df["arrival_s"].to_numpy(dtype=float)
+    windows = []
+    load = load_window(arrival, end_s)
+    if load is not None and len(it_df):
         parts = it_df.groupby("replica") if "replica" in it_df.columns else [(0, it_df)]
-        groups = [(it["start_s"].to_numpy(), it["end_s"].to_numpy(), it["num_waiting"].to_numpy())
-                  for _replica, it in parts]
-    return saturation_of(req_df["arrival_s"].to_numpy(dtype=float),
-                         req_df["finish_s"].to_numpy(dtype=float, na_value=np.nan), groups, end_s)
+        windows = [replica_window(it["start_s"].to_numpy(), it["end_s"].to_numpy(), it["num_waiting"].to_numpy(),
+                                  *load, end_s) for _replica, it in parts]
+    return saturation_of(arrival, req_df["finish_s"].to_numpy(dtype=float, na_value=np.nan), windows, end_s)
 
 
-def saturation_of(arrival: np.ndarray, finish: np.ndarray, groups: list, end_s: float) -> dict:
-    """The saturation fields from every request's arrival and finish time (NaN: none) and each
-    replica's iterations as (start_s, end_s, num_waiting) arrays, in replica order."""
-    none = {"saturated": False, "saturated_since_s": None, "saturated_until_s": None,
-            "sustained_throughput_rps": None}
+def load_window(arrival: np.ndarray, end_s: float) -> tuple[float, float] | None:
+    """(t0, t_e) from every request's arrival time; None when there is no load to speak of."""
     arrived = arrival[arrival <= end_s]
     if not len(arrived):
-        return none
+        return None
     t0 = float(arrived.min())
     t_e = min(float(arrived.max()), float(end_s))
-    if t_e <= t0:
+    return (t0, t_e) if t_e > t0 else None
+
+
+def replica_window(start: np.ndarray, end: np.ndarray, waiting: np.ndarray, t0: float, t_e: float,
+                   end_s: float) -> tuple[float, float]:
+    """One replica's saturated phase (t_s, t_q) from its iterations' start_s, end_s, num_waiting."""
+    empty = waiting == 0
+    before = empty & (start <= t_e)
+    t_s = min(float(end[before].max()), t_e) if before.any() else t0
+    after = empty & (start > t_s)
+    return t_s, float(start[after].min()) if after.any() else float(end_s)
+
+
+def saturation_of(arrival: np.ndarray, finish: np.ndarray, windows: list, end_s: float) -> dict:
+    """The saturation fields from every request's arrival and finish time (NaN: none) and each
+    replica's `replica_window` (none for a run without iterations)."""
+    none = {"saturated": False, "saturated_since_s": None, "saturated_until_s": None,
+            "sustained_throughput_rps": None}
+    load = load_window(arrival, end_s)
+    if load is None:
         return none
+    t0, t_e = load
     t_s, t_q = t0, float(end_s)
-    for start, end, waiting in groups:
-        empty = waiting == 0
-        before = empty & (start <= t_e)
-        t_s_r = min(float(end[before].max()), t_e) if before.any() else t0
-        after = empty & (start > t_s_r)
+    for t_s_r, t_q_r in windows:  # the intersection over replicas
         t_s = max(t_s, t_s_r)
-        t_q = min(t_q, float(start[after].min()) if after.any() else float(end_s))
+        t_q = min(t_q, t_q_r)
+    arrived = arrival[arrival <= end_s]
     finish = finish[~np.isnan(finish)]
     arrivals_in = int(((arrived > t_s) & (arrived <= t_e)).sum())
     finished_in = int(((finish > t_s) & (finish <= t_e)).sum())

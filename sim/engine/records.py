@@ -218,8 +218,8 @@ class SpillFiles:
 class SpilledColumns:
     """The spilled iterations of one or more replicas (in replica order), read back one column
     at a time: `self[name]` is a numpy array (`mode` as its 1-byte codes, see MODES), `replica`
-    the replica of each row, `stage_busy.stage(s)` a stage's busy seconds. Only the columns of
-    SUMMARY_COLUMNS exist."""
+    the replica of each row (with more than one replica), `stage_busy.stage(s)` a stage's busy
+    seconds. Only the columns of SUMMARY_COLUMNS exist."""
 
     def __init__(self, spills: list, num_stages: int) -> None:
         self.spills = spills
@@ -234,17 +234,18 @@ class SpilledColumns:
     def __getitem__(self, name: str):
         import numpy as np
 
-        if name == "replica":
+        if name == "replica" and len(self.spills) > 1:
             return np.repeat(np.arange(len(self.spills)), [sp.rows if sp is not None else 0 for sp in self.spills])
         if name not in SUMMARY_COLUMNS:
             raise KeyError(f"{name}: not kept by a spilled iteration log (kept: {', '.join(SUMMARY_COLUMNS)})")
         return self._cat(lambda sp: sp.read(name))
 
     def __contains__(self, name: str) -> bool:
-        return name == "replica" or name in SUMMARY_COLUMNS
+        return name in self.keys()
 
     def keys(self):
-        return (*SUMMARY_COLUMNS, "replica")
+        # a `replica` column only behind a router (one replica: all zeros, 8 bytes an iteration)
+        return (*SUMMARY_COLUMNS, "replica") if len(self.spills) > 1 else SUMMARY_COLUMNS
 
     def __len__(self) -> int:
         return sum(sp.rows for sp in self.spills if sp is not None)

@@ -74,8 +74,8 @@ class ItlPool:
     from numpy's pairwise sum over the pooled array.
     """
 
-    EXACT_LIMIT = 1 << 24  # samples (128 MiB of float64)
-    MERGE_MIN = 1 << 22
+    EXACT_LIMIT = 1 << 22  # samples (32 MiB of float64): ~20,000 requests of azure-conv
+    MERGE_MIN = 1 << 20  # counts mode: samples pending before they are folded into the table
 
     def __init__(self, num_requests: int) -> None:
         self.values = array("d")  # exact mode: samples in finish order; counts mode: not yet merged
@@ -96,25 +96,25 @@ class ItlPool:
                 self._merge()
             return
         self.values.extend(itls)
-        if len(self.values) >= max(self.MERGE_MIN, len(self.distinct)):
+        if len(self.values) >= self.MERGE_MIN:
             self._merge()
 
     def _merge(self) -> None:
+        """Fold the pending samples into the sorted (distinct, counts) table, in place where a
+        value is already there; new values are inserted (one copy of the table)."""
         new, counts = np.unique(np.frombuffer(self.values, dtype=np.float64), return_counts=True)
         self.values = array("d")
         if self.distinct is None or not len(self.distinct):
             self.distinct, self.counts = new, counts.astype(np.int64)
             return
-        v = np.concatenate([self.distinct, new])
-        c = np.concatenate([self.counts, counts.astype(np.int64)])
-        order = np.argsort(v, kind="stable")
-        v, c = v[order], c[order]
-        del order
-        first = np.empty(len(v), dtype=bool)
-        first[0] = True
-        np.not_equal(v[1:], v[:-1], out=first[1:])
-        starts = np.flatnonzero(first)
-        self.distinct, self.counts = v[starts], np.add.reduceat(c, starts)
+        at = np.searchsorted(self.distinct, new)
+        hit = at < len(self.distinct)
+        hit[hit] = self.distinct[at[hit]] == new[hit]
+        self.counts[at[hit]] += counts[hit]  # distinct positions: `new` has no repeats
+        miss = ~hit
+        if miss.any():
+            self.distinct = np.insert(self.distinct, at[miss], new[miss])
+            self.counts = np.insert(self.counts, at[miss], counts[miss])
 
     def of_row(self, row: int) -> np.ndarray | None:
         """A finished request's samples (exact mode), else None."""
