@@ -113,6 +113,11 @@ def cmd_run(args) -> int:
     requests = RequestArrays.of(requests)  # typed arrays; the list of RequestSpec goes
     # without iterations.csv (or a timeline) only the summary's iteration columns are kept
     result = run(cfg, requests, keep_iterations=args.iterations or args.timeline)
+    import gc
+
+    # the finished pipelines (schedulers, their samples) are reference cycles with SimPy's
+    # processes: free them before the summary's peak, not whenever the collector next runs
+    gc.collect()
     summary = summarize(result)
     summary["context"] = context
     from sim.csvout import write_csv
