@@ -3,8 +3,8 @@
 Each size runs in a fresh subprocess, as `ppsim run --no-iterations` would: generate the
 `azure-conv-synth` workload, simulate PP=4 (Qwen2.5-32B, A100-40GB PCIe, static chunk 512) at
 a sustainable 4 req/s, summarize, and write requests.csv and summary.json into a temporary
-folder. The child reports its own peak resident set size (getrusage ru_maxrss) and the wall
-time of each phase. Run: `python benchmarks/scale.py [--sizes 100000 1000000] [--iterations]`
+folder. The child reports its own peak resident set size (getrusage ru_maxrss), its wall time
+and its CPU time (user + system: unlike the wall time, not inflated by a loaded machine). Run: `python benchmarks/scale.py [--sizes 100000 1000000] [--iterations]`
 (`--iterations` also writes iterations.csv).
 """
 
@@ -35,12 +35,14 @@ with contextlib.redirect_stdout(buf):
     code = main(argv)
 summary = json.loads(buf.getvalue())
 wall = time.perf_counter() - t0
+usage = resource.getrusage(resource.RUSAGE_SELF)
 size = sum(p.stat().st_size for p in out.iterdir())
 import shutil
 shutil.rmtree(out)
 print(json.dumps({"requests": num, "exit": code, "status": summary["status"],
                   "num_finished": summary["num_finished"], "iterations": summary["num_iterations"],
-                  "wall_s": round(wall, 1), "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
+                  "wall_s": round(wall, 1), "cpu_s": round(usage.ru_utime + usage.ru_stime, 1),
+                  "peak_rss_mb": round(usage.ru_maxrss / 1024),
                   "output_mb": round(size / 2**20, 1)}))
 """
 

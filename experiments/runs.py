@@ -27,7 +27,7 @@ def evaluate_distributions(table: dict) -> dict:
     res = run(cfg)
     req = requests_frame(res)
     it = iterations_frame(res)
-    summary = summarize(res, req, it)
+    summary = summarize(res)
     out = {k: v for k, v in summary.items() if isinstance(v, (int, float, str, bool)) or v is None}
     out = {k: (None if isinstance(v, float) and np.isnan(v) else v) for k, v in out.items()}
     busy = it[it["mode"] != "idle"]["iter_ms"] if len(it) else []

@@ -121,7 +121,7 @@ def simulate_targets(targets: dict, params: dict, seeds, entries=None) -> dict:
     from sim.engine import run as run_mod
     from sim.latency.analysis import with_overrides
     from sim.latency.profiled import Profile, ProfiledLatencyModel
-    from sim.metrics import iterations_frame, requests_frame, summarize
+    from sim.metrics import summarize
     from sim.schemes import scheme_table
 
     prof = with_overrides(Profile.load(profile_dir(targets)), **params)
@@ -147,7 +147,7 @@ def simulate_targets(targets: dict, params: dict, seeds, entries=None) -> dict:
                              "workload": workload}
                 cfg = config_from_table(table, where="calibrate")
                 res = run_mod.run(cfg)
-                s = summarize(res, requests_frame(res), iterations_frame(res))
+                s = summarize(res)
                 if res.status != "ok":
                     raise RuntimeError(f"{t['name']} seed {seed}: run failed: {res.reason}")
                 vals.append(s[t["metric"]])

@@ -36,10 +36,16 @@ pd = lazy("pandas")
 PERCENTILES = (50, 90, 95, 99)
 
 
-def _dist(prefix: str, values_ms: np.ndarray, *, sglang: str | None = None) -> dict[str, float]:
-    v = values_ms[~np.isnan(values_ms)]
+def _dist(prefix: str, values_ms, *, sglang: str | None = None) -> dict[str, float]:
+    """`values_ms`: an array, or an `ItlCounts` (distinct values and counts, sim/engine/requests.py)."""
+    from sim.engine.requests import ItlCounts
+
+    v = values_ms if isinstance(values_ms, ItlCounts) else values_ms[~np.isnan(values_ms)]
     if not len(v):
         stats = dict.fromkeys(("mean", "median", "std", "max", *(f"p{q}" for q in PERCENTILES)), math.nan)
+    elif isinstance(v, ItlCounts):
+        stats = {"mean": v.mean(), "median": v.percentile(50), "std": v.std(), "max": v.max()}
+        stats.update({f"p{q}": v.percentile(q) for q in PERCENTILES})
     else:
         stats = {"mean": float(v.mean()), "median": float(np.median(v)), "std": float(v.std()), "max": float(v.max())}
         stats.update({f"p{q}": float(np.percentile(v, q)) for q in PERCENTILES})
@@ -59,12 +65,20 @@ def bench_metrics(req_df: pd.DataFrame, itls_ms: np.ndarray, duration_s: float,
                   slo_ttft_ms: float, slo_tpot_ms: float) -> dict[str, float]:
     """The benchmark names over the finished rows of a `requests_frame` and their pooled ITLs."""
     fin = req_df[req_df["status"] == "finished"]
-    completed = len(fin)
+    return bench_metrics_of({k: fin[k].to_numpy() for k in fin.columns}, itls_ms, duration_s, slo_ttft_ms,
+                            slo_tpot_ms)
+
+
+def bench_metrics_of(fin: dict, itls_ms, duration_s: float, slo_ttft_ms: float,
+                     slo_tpot_ms: float) -> dict[str, float]:
+    """The benchmark names from the finished requests' columns (generated_tokens, prompt_tokens,
+    ttft_ms, tpot_ms, e2e_ms arrays) and their pooled ITLs (an array or an `ItlCounts`)."""
+    completed = len(fin["ttft_ms"])
     tokens_out = float(fin["generated_tokens"].sum())
     tokens_in = float(fin["prompt_tokens"].sum())
-    ttft = fin["ttft_ms"].to_numpy(dtype=float)
-    tpot = fin["tpot_ms"].to_numpy(dtype=float)  # NaN for one-token outputs, as the tools skip them
-    e2e = fin["e2e_ms"].to_numpy(dtype=float)
+    ttft = np.asarray(fin["ttft_ms"], dtype=float)
+    tpot = np.asarray(fin["tpot_ms"], dtype=float)  # NaN for one-token outputs, as the tools skip them
+    e2e = np.asarray(fin["e2e_ms"], dtype=float)
     good = (ttft <= slo_ttft_ms) & (np.nan_to_num(tpot, nan=0.0) <= slo_tpot_ms)
     per_s = (lambda x: x / duration_s) if duration_s > 0 else (lambda x: math.nan)
     out: dict[str, float] = {
@@ -81,6 +95,6 @@ def bench_metrics(req_df: pd.DataFrame, itls_ms: np.ndarray, duration_s: float,
     }
     out.update(_dist("ttft", ttft))
     out.update(_dist("tpot", tpot))
-    out.update(_dist("itl", np.asarray(itls_ms, dtype=float)))
+    out.update(_dist("itl", itls_ms if hasattr(itls_ms, "percentile") else np.asarray(itls_ms, dtype=float)))
     out.update(_dist("e2el", e2e, sglang="e2e_latency"))
     return out

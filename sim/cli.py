@@ -108,16 +108,23 @@ def cmd_run(args) -> int:
     context = describe(cfg, requests)
     if not args.json:
         print(format_header(context), flush=True)
-    result = run(cfg, requests)
-    req_df = requests_frame(result)
-    it_df = iterations_frame(result)
-    summary = summarize(result, req_df, it_df)
+    from sim.engine.requests import RequestArrays
+
+    requests = RequestArrays.of(requests)  # typed arrays; the list of RequestSpec goes
+    # without iterations.csv (or a timeline) only the summary's iteration columns are kept
+    result = run(cfg, requests, keep_iterations=args.iterations or args.timeline)
+    import gc
+
+    # the finished pipelines (schedulers, their samples) are reference cycles with SimPy's
+    # processes: free them before the summary's peak, not whenever the collector next runs
+    gc.collect()
+    summary = summarize(result)
     summary["context"] = context
     from sim.csvout import write_csv
 
-    write_csv(req_df, out / "requests.csv")
+    write_csv(requests_frame(result), out / "requests.csv")
     if args.iterations:
-        write_csv(it_df, out / "iterations.csv")
+        write_csv(iterations_frame(result), out / "iterations.csv")
     else:
         (out / "iterations.csv").unlink(missing_ok=True)  # not a stale one from an earlier run
     (out / "config.toml").write_text(tomlio.dumps(cfg.to_dict()))

@@ -29,6 +29,7 @@ import math
 
 from sim.lazy import lazy
 
+np = lazy("numpy")
 pd = lazy("pandas")
 
 SATURATION_KEYS = ("saturated", "saturated_since_s", "saturated_until_s", "sustained_throughput_rps")
@@ -36,27 +37,52 @@ SATURATION_KEYS = ("saturated", "saturated_since_s", "saturated_until_s", "susta
 
 def saturation(req_df: pd.DataFrame, it_df: pd.DataFrame, end_s: float) -> dict:
     """The saturation fields of a run from its requests.csv and iterations.csv frames."""
+    arrival = req_df["arrival_s"].to_numpy(dtype=float)
+    windows = []
+    load = load_window(arrival, end_s)
+    if load is not None and len(it_df):
+        parts = it_df.groupby("replica") if "replica" in it_df.columns else [(0, it_df)]
+        windows = [replica_window(it["start_s"].to_numpy(), it["end_s"].to_numpy(), it["num_waiting"].to_numpy(),
+                                  *load, end_s) for _replica, it in parts]
+    return saturation_of(arrival, req_df["finish_s"].to_numpy(dtype=float, na_value=np.nan), windows, end_s)
+
+
+def load_window(arrival: np.ndarray, end_s: float) -> tuple[float, float] | None:
+    """(t0, t_e) from every request's arrival time; None when there is no load to speak of."""
+    arrived = arrival[arrival <= end_s]
+    if not len(arrived):
+        return None
+    t0 = float(arrived.min())
+    t_e = min(float(arrived.max()), float(end_s))
+    return (t0, t_e) if t_e > t0 else None
+
+
+def replica_window(start: np.ndarray, end: np.ndarray, waiting: np.ndarray, t0: float, t_e: float,
+                   end_s: float) -> tuple[float, float]:
+    """One replica's saturated phase (t_s, t_q) from its iterations' start_s, end_s, num_waiting."""
+    empty = waiting == 0
+    before = empty & (start <= t_e)
+    t_s = min(float(end[before].max()), t_e) if before.any() else t0
+    after = empty & (start > t_s)
+    return t_s, float(start[after].min()) if after.any() else float(end_s)
+
+
+def saturation_of(arrival: np.ndarray, finish: np.ndarray, windows: list, end_s: float) -> dict:
+    """The saturation fields from every request's arrival and finish time (NaN: none) and each
+    replica's `replica_window` (none for a run without iterations)."""
     none = {"saturated": False, "saturated_since_s": None, "saturated_until_s": None,
             "sustained_throughput_rps": None}
-    arrived = req_df[req_df["arrival_s"] <= end_s]
-    if arrived.empty:
+    load = load_window(arrival, end_s)
+    if load is None:
         return none
-    t0 = float(arrived["arrival_s"].min())
-    t_e = min(float(arrived["arrival_s"].max()), float(end_s))
-    if t_e <= t0:
-        return none
+    t0, t_e = load
     t_s, t_q = t0, float(end_s)
-    if len(it_df):
-        groups = it_df.groupby("replica") if "replica" in it_df.columns else [(0, it_df)]
-        for _replica, it in groups:
-            empty = it["num_waiting"] == 0
-            before = it[empty & (it["start_s"] <= t_e)]
-            t_s_r = min(float(before["end_s"].max()), t_e) if len(before) else t0
-            after = it[empty & (it["start_s"] > t_s_r)]
-            t_s = max(t_s, t_s_r)
-            t_q = min(t_q, float(after["start_s"].min()) if len(after) else float(end_s))
-    finish = req_df["finish_s"].dropna()
-    arrivals_in = int(((arrived["arrival_s"] > t_s) & (arrived["arrival_s"] <= t_e)).sum())
+    for t_s_r, t_q_r in windows:  # the intersection over replicas
+        t_s = max(t_s, t_s_r)
+        t_q = min(t_q, t_q_r)
+    arrived = arrival[arrival <= end_s]
+    finish = finish[~np.isnan(finish)]
+    arrivals_in = int(((arrived > t_s) & (arrived <= t_e)).sum())
     finished_in = int(((finish > t_s) & (finish <= t_e)).sum())
     saturated = (t_e - t_s) >= 0.5 * (t_e - t0) and arrivals_in > finished_in and t_q > t_s
     if not saturated:

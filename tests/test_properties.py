@@ -70,7 +70,16 @@ class Watch:
     def __enter__(self):
         self._form, self._requeue = sched_mod.Scheduler.form_batch, sched_mod.Scheduler._requeue
         self._alloc, self._result = sched_mod.Scheduler._alloc_decode, sched_mod.Scheduler.process_result
+        self._add = sched_mod.Scheduler.add_waiting
         watch = self
+        # every request each scheduler has seen (it keeps only their arrival times and prompts)
+        self.seen: dict[int, list] = {}
+
+        def add_waiting(s, req):
+            watch.seen.setdefault(id(s), []).append(req)
+            return watch._add(s, req)
+
+        sched_mod.Scheduler.add_waiting = add_waiting
         # A decode's KV slot is charged to the pool when its batch forms and to the request when
         # its token returns (sim/engine/scheduler.py): count the slots in between.
         self.in_flight: dict[int, int] = {}
@@ -101,12 +110,13 @@ class Watch:
     def __exit__(self, *exc):
         sched_mod.Scheduler.form_batch, sched_mod.Scheduler._requeue = self._form, self._requeue
         sched_mod.Scheduler._alloc_decode, sched_mod.Scheduler.process_result = self._alloc, self._result
+        sched_mod.Scheduler.add_waiting = self._add
 
     def check(self, s, now):
         used = s.kv_capacity - s.kv_free
         if not 0 <= used <= s.kv_capacity:
             self.violations.append(f"t={now}: KV used {used} outside [0, {s.kv_capacity}]")
-        held = sum(r.kv_held for r in s.arrived) + self.in_flight.get(id(s), 0)
+        held = sum(r.kv_held for r in self.seen.get(id(s), ())) + self.in_flight.get(id(s), 0)
         if held != used:
             self.violations.append(f"t={now}: requests hold {held} KV tokens, the pool says {used}")
         places = Counter(id(r) for r in s.waiting)

@@ -19,9 +19,13 @@ from simpy.events import NORMAL
 
 from sim.engine.scheduler import INIT_NEW_TOKEN_RATIO, RunFailed, Scheduler
 from sim.engine.records import COLUMNS as ITER_COLUMNS, IterationLog
+from sim.engine.requests import RequestTable
 from sim.engine.state import Req
 from sim.engine.view import BatchInfo, SchedulerView
+from sim.lazy import lazy
 from sim.slo import need_over
+
+np = lazy("numpy")  # imported on first use (sim/lazy.py)
 
 
 def _trigger_after(env: simpy.Environment, event: simpy.Event, delay: float) -> None:
@@ -35,13 +39,16 @@ def _trigger_after(env: simpy.Environment, event: simpy.Event, delay: float) -> 
 class Inbox:
     """Requests on their way to one replica, in arrival order.
 
-    With one replica every request is pushed before the run and the inbox is closed; behind
-    a router, the router pushes each request when it arrives and closes the inbox at the end.
+    With one replica the inbox holds the whole workload and is closed from the start: a list
+    of `Req`s, or a `RequestTable` whose rows become `Req`s one at a time as the scheduler
+    reaches them (`queue` then is the table's `LazyQueue`, so a long run never holds the
+    requests that have not arrived yet); behind a router, the router pushes each request when
+    it arrives and closes the inbox at the end.
     """
 
-    def __init__(self, env: simpy.Environment, requests: list[Req] | None = None) -> None:
+    def __init__(self, env: simpy.Environment, requests: list[Req] | RequestTable | None = None) -> None:
         self.env = env
-        self.queue: deque[Req] = deque(requests or [])
+        self.queue = requests.queue() if isinstance(requests, RequestTable) else deque(requests or [])
         self.closed = requests is not None
         self._event = None
 
@@ -77,8 +84,9 @@ class SLOGuard:
 
     CHECK_EVERY = 128
 
-    def __init__(self, requests: list[Req], ttft_s: float, tpot_s: float, ttft_percentile: float = 90.0,
-                 tpot_percentile: float = 90.0, e2e_s: float | None = None, e2e_percentile: float = 90.0) -> None:
+    def __init__(self, requests: list[Req] | RequestTable, ttft_s: float, tpot_s: float,
+                 ttft_percentile: float = 90.0, tpot_percentile: float = 90.0, e2e_s: float | None = None,
+                 e2e_percentile: float = 90.0) -> None:
         self.requests = requests
         self.ttft_s = ttft_s
         self.tpot_s = tpot_s
@@ -86,17 +94,34 @@ class SLOGuard:
         self.percentiles = (ttft_percentile, tpot_percentile, e2e_percentile)
         self.reason = ""
         n = len(requests)
-        m = sum(1 for r in requests if r.max_new > 1)
+        if isinstance(requests, RequestTable):
+            m = int((requests.columns["max_new_tokens"] > 1).sum())
+        else:
+            m = sum(1 for r in requests if r.max_new > 1)
         self.need_ttft = need_over(n, ttft_percentile)
         self.need_tpot = need_over(m, tpot_percentile)
         self.need_e2e = need_over(n, e2e_percentile)
+        # With a RequestTable, finished requests are gone from it: their (final) verdicts are
+        # counted as they finish (`finished`), the live ones scanned, the rest read from arrays.
+        self.bad_done = [0, 0, 0]  # finished requests over the TTFT, TPOT, E2E thresholds
+
+    def finished(self, r: Req) -> None:
+        """Count a request that just finished (it leaves the RequestTable)."""
+        bad = self.bad_done
+        if r.first_token_s - r.arrival_s > self.ttft_s:
+            bad[0] += 1
+        if r.max_new > 1 and (r.finish_s - r.first_token_s) / (r.max_new - 1) > self.tpot_s:
+            bad[1] += 1
+        if self.e2e_s is not None and r.finish_s - r.arrival_s > self.e2e_s:
+            bad[2] += 1
 
     def check(self, now: float) -> bool:
         if self.reason:
             return True
         bad_ttft = bad_tpot = bad_e2e = 0
         e2e_s = self.e2e_s
-        for r in self.requests:
+        table = self.requests if isinstance(self.requests, RequestTable) else None
+        for r in (table.live.values() if table is not None else self.requests):
             if r.arrival_s > now:
                 break
             first = r.first_token_s
@@ -108,6 +133,19 @@ class SLOGuard:
                     bad_tpot += 1
             if e2e_s is not None and (now if r.finish_s is None else r.finish_s) - r.arrival_s > e2e_s:
                 bad_e2e += 1
+        if table is not None:
+            bad_ttft += self.bad_done[0]
+            bad_tpot += self.bad_done[1]
+            bad_e2e += self.bad_done[2]
+            # rows not made yet that have arrived: no token, so waiting since their arrival
+            arrival = table.arrival_s
+            lo = table.next_row
+            hi = int(np.searchsorted(arrival, now, side="right"))
+            if hi > lo:
+                waited = now - arrival[lo:hi]
+                bad_ttft += int(np.count_nonzero(waited > self.ttft_s))
+                if e2e_s is not None:
+                    bad_e2e += int(np.count_nonzero(waited > e2e_s))
         q_ttft, q_tpot, q_e2e = self.percentiles
         if bad_ttft >= self.need_ttft:
             self.reason = (f"stopped at t={now:.2f}s: P{q_ttft:g} TTFT is certain to exceed the SLO "

@@ -6,11 +6,18 @@ is what a pipeline appends to and what `RunResult.iterations` / `RunResult.stage
 `iterations[name]` is a column that indexes, iterates and converts with `np.asarray` like the
 list it replaces (`mode` gives its strings back), and `stage_busy[row]` is one iteration's tuple
 of per-stage busy seconds.
+
+With `spill=True` (`ppsim run --no-iterations`: no iterations.csv to write) the log keeps only
+what the summary reads (`SUMMARY_COLUMNS` and the stage busy times) and appends each block of
+rows to one binary file per column in a temporary folder, so a run's memory does not grow with
+its iterations; `columns` and `stage_busy` then read the files back, one column at a time.
 """
 
 from __future__ import annotations
 
+import tempfile
 from array import array
+from pathlib import Path
 
 MODES = ("idle", "decode", "extend", "mixed")
 _MODE_CODE = {m: i for i, m in enumerate(MODES)}
@@ -21,6 +28,9 @@ COLUMNS = {
     "prefill_tokens": "q", "num_prefill": "q", "num_decode": "q", "chunk_size": "q", "kv_used_tokens": "q",
     "num_waiting": "q", "num_running": "q", "host_s": "d",
 }
+
+# the columns `sim.metrics.summarize` reads (besides the stage busy times and the replica)
+SUMMARY_COLUMNS = ("start_s", "end_s", "mode", "prefill_tokens", "kv_used_tokens", "num_waiting")
 
 
 class ModeColumn:
@@ -90,6 +100,12 @@ class StageBusy:
 
         return np.array(self.flat, dtype=float).reshape(len(self), self.num_stages)
 
+    def stage(self, s: int):
+        """Stage s's busy seconds, one per iteration (a numpy view)."""
+        import numpy as np
+
+        return np.frombuffer(self.flat, dtype=np.float64).reshape(len(self), self.num_stages)[:, s]
+
 
 class IterationLog:
     """The iterations of one pipeline (or of several replicas, merged): `columns` holds the
@@ -97,10 +113,13 @@ class IterationLog:
 
     BLOCK = 4096  # rows buffered as tuples (the per-iteration hot path), then moved to the columns
 
-    def __init__(self, num_stages: int) -> None:
+    def __init__(self, num_stages: int, spill: bool = False) -> None:
         self._columns: dict = {c: (ModeColumn() if t == "b" else array(t)) for c, t in COLUMNS.items()}
         self._stage_busy = StageBusy(num_stages)
         self._rows: list[tuple] = []
+        self.num_stages = num_stages
+        self.spill = spill
+        self._spill: SpillFiles | None = None  # made at the first flush (no I/O here)
 
     def record(self, row: tuple, busy) -> None:
         """Append one iteration: `row` holds the values of COLUMNS in order, `busy` the stages'."""
@@ -111,7 +130,13 @@ class IterationLog:
             self._flush()
 
     def _flush(self) -> None:
-        if self._rows:
+        if self._rows and self.spill:
+            if self._spill is None:
+                self._spill = SpillFiles(self.num_stages)
+            self._spill.append(self._rows, self._stage_busy.flat)
+            self._rows = []
+            self._stage_busy.flat = array("d")
+        elif self._rows:
             for col, values in zip(self._columns.values(), zip(*self._rows)):
                 if isinstance(col, ModeColumn):
                     col.codes.extend([_MODE_CODE[m] for m in values])
@@ -122,19 +147,30 @@ class IterationLog:
     @property
     def columns(self) -> dict:
         self._flush()
+        if self.spill:
+            return SpilledColumns([self._spill], self.num_stages)
         return self._columns
 
     @property
     def stage_busy(self) -> StageBusy:
         self._flush()
+        if self.spill:
+            return SpilledColumns([self._spill], self.num_stages).stage_busy
         return self._stage_busy
 
     def __len__(self) -> int:
+        if self.spill:
+            return (self._spill.rows if self._spill is not None else 0) + len(self._rows)
         return len(self._columns["iteration"]) + len(self._rows)
 
     @classmethod
-    def merge(cls, logs: list["IterationLog"], num_stages: int) -> "IterationLog":
-        """The replicas' logs one after another, with a `replica` column."""
+    def merge(cls, logs: list["IterationLog"], num_stages: int):
+        """The replicas' logs one after another, with a `replica` column (spilled logs: a
+        `SpilledColumns` over their files)."""
+        if any(log.spill for log in logs):
+            for log in logs:
+                log._flush()
+            return SpilledColumns([log._spill for log in logs], num_stages)
         out = cls(num_stages)
         columns = out.columns
         columns["replica"] = array("q")
@@ -144,3 +180,83 @@ class IterationLog:
             columns["replica"].extend(array("q", [i]) * len(log))
             out.stage_busy.extend(log.stage_busy)
         return out
+
+
+class SpillFiles:
+    """One pipeline's spilled iterations: a binary file per summary column and per stage,
+    appended block by block, in a temporary folder removed when this object is collected."""
+
+    def __init__(self, num_stages: int) -> None:
+        self._dir = tempfile.TemporaryDirectory(prefix="ppsim-iterations-")
+        self.path = Path(self._dir.name)
+        self.num_stages = num_stages
+        self.rows = 0
+
+    def append(self, rows: list[tuple], busy_flat: array) -> None:
+        import numpy as np
+
+        index = {c: i for i, c in enumerate(COLUMNS)}
+        for name in SUMMARY_COLUMNS:
+            values = [r[index[name]] for r in rows]
+            col = array("b", [_MODE_CODE[m] for m in values]) if name == "mode" else array(COLUMNS[name], values)
+            with open(self.path / name, "ab") as fh:
+                col.tofile(fh)
+        busy = np.frombuffer(busy_flat, dtype=np.float64).reshape(len(rows), self.num_stages)
+        for s in range(self.num_stages):
+            with open(self.path / f"stage{s}", "ab") as fh:
+                np.ascontiguousarray(busy[:, s]).tofile(fh)
+        self.rows += len(rows)
+
+    def read(self, name: str):
+        import numpy as np
+
+        dtype = np.float64 if name.startswith("stage") else {"d": np.float64, "q": np.int64, "b": np.int8}[COLUMNS[name]]
+        path = self.path / name
+        return np.fromfile(path, dtype=dtype) if path.exists() else np.zeros(0, dtype=dtype)
+
+
+class SpilledColumns:
+    """The spilled iterations of one or more replicas (in replica order), read back one column
+    at a time: `self[name]` is a numpy array (`mode` as its 1-byte codes, see MODES), `replica`
+    the replica of each row (with more than one replica), `stage_busy.stage(s)` a stage's busy
+    seconds. Only the columns of SUMMARY_COLUMNS exist."""
+
+    def __init__(self, spills: list, num_stages: int) -> None:
+        self.spills = spills
+        self.num_stages = num_stages
+
+    def _cat(self, read):
+        import numpy as np
+
+        parts = [read(sp) for sp in self.spills if sp is not None]
+        return parts[0] if len(parts) == 1 else np.concatenate(parts) if parts else np.zeros(0)
+
+    def __getitem__(self, name: str):
+        import numpy as np
+
+        if name == "replica" and len(self.spills) > 1:
+            return np.repeat(np.arange(len(self.spills)), [sp.rows if sp is not None else 0 for sp in self.spills])
+        if name not in SUMMARY_COLUMNS:
+            raise KeyError(f"{name}: not kept by a spilled iteration log (kept: {', '.join(SUMMARY_COLUMNS)})")
+        return self._cat(lambda sp: sp.read(name))
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.keys()
+
+    def keys(self):
+        # a `replica` column only behind a router (one replica: all zeros, 8 bytes an iteration)
+        return (*SUMMARY_COLUMNS, "replica") if len(self.spills) > 1 else SUMMARY_COLUMNS
+
+    def __len__(self) -> int:
+        return sum(sp.rows for sp in self.spills if sp is not None)
+
+    @property
+    def columns(self) -> "SpilledColumns":  # what IterationLog.merge's caller reads
+        return self
+
+    @property
+    def stage_busy(self) -> "SpilledColumns":
+        return self
+
+    def stage(self, s: int):
+        return self._cat(lambda sp: sp.read(f"stage{s}"))

@@ -13,8 +13,8 @@ import simpy
 from sim.config import RunConfig
 from sim.engine.pipeline import Inbox, Pipeline, SLOGuard
 from sim.engine.records import IterationLog
+from sim.engine.requests import RequestArrays, RequestTable
 from sim.engine.scheduler import Scheduler
-from sim.engine.state import Req
 from sim.errors import ConfigError
 from sim.latency.base import latency_models
 from sim.latency.constant import ConstantLatencyModel  # noqa: F401  (registers "constant")
@@ -30,9 +30,10 @@ class RunResult:
     config: RunConfig
     status: str  # "ok" or "failed"
     reason: str
-    requests: list[Req]
+    requests: RequestTable  # every request's final state; iterates like a list (sim/engine/requests.py)
     iterations: dict  # column name -> typed column (sim/engine/records.py); indexes like a list
     stage_busy: list  # stage_busy[row]: per-stage busy seconds of iteration `row` (a StageBusy)
+    # (with keep_iterations=False both are a SpilledColumns: the summary's columns only)
     decisions: list  # (time_s, slot, old_chunk, new_chunk, reason)
     moves: list  # (time_s, slot, req_id, action, where)
     kv_capacity_tokens: int
@@ -97,11 +98,17 @@ def pool_sizes(cfg: RunConfig, latency) -> tuple[int, int, int, int]:
     return kv, max_running, max_req_len, max_req_len - 5
 
 
-def run(cfg: RunConfig, requests: list[RequestSpec] | None = None) -> RunResult:
-    """Simulate one run. `requests` overrides the config's workload (used by sweeps)."""
+def run(cfg: RunConfig, requests: list[RequestSpec] | RequestArrays | None = None,
+        keep_iterations: bool = True) -> RunResult:
+    """Simulate one run. `requests` overrides the config's workload (used by sweeps).
+
+    `keep_iterations=False` keeps only the per-iteration columns the summary reads, in
+    temporary files (`ppsim run --no-iterations`): `iterations_frame` is then unavailable."""
     load_plugins(cfg.plugins.modules)  # idempotent; this is how worker processes get them
     if requests is None:
         requests = build_workload(cfg.workload, seed=cfg.seed)
+    arrays = RequestArrays.of(requests)
+    del requests  # the arrays hold the workload; a list of RequestSpec is ~150 bytes a request
     latency = build_latency(cfg)
     kv, max_running, max_req_len, max_input = pool_sizes(cfg, latency)
     sc = cfg.scheduler
@@ -127,25 +134,36 @@ def run(cfg: RunConfig, requests: list[RequestSpec] | None = None) -> RunResult:
                                           "config [scheduler.rebalancer]")
         return policy, rebalancer
 
-    reqs = [Req(r.req_id, r.arrival_s, r.prompt_tokens, r.output_tokens, max_input, max_req_len) for r in requests]
+    # requests become Req objects when they arrive and leave for the table's columns when
+    # they finish (sim/engine/requests.py)
+    table = RequestTable(arrays, max_input, max_req_len)
     env = simpy.Environment()
     n = cfg.parallel.replicas
     slo, guard = cfg.slo, None
+    on_finish = table.finish
     if slo.stop_when_violated:
         f = slo.stop_factor / 1e3
-        guard = SLOGuard(reqs, slo.ttft_ms * f, slo.tpot_ms * f, slo.ttft_percentile, slo.tpot_percentile,
+        guard = SLOGuard(table, slo.ttft_ms * f, slo.tpot_ms * f, slo.ttft_percentile, slo.tpot_percentile,
                          None if slo.e2e_ms is None else slo.e2e_ms * f, slo.e2e_percentile)
+
+        def on_finish(req, guard=guard):
+            guard.finished(req)
+            table.finish(req)
     pipes = []
     for i in range(n):
         policy, rebalancer = build_policies()
         sched = Scheduler(cfg.parallel.pp, kv, max_running, policy.initial_chunk(), cfg.server.on_kv_exhausted)
-        inbox = Inbox(env, reqs) if n == 1 else Inbox(env)
+        sched.on_finish = on_finish
+        inbox = Inbox(env, table) if n == 1 else Inbox(env)
         pipes.append(Pipeline(env, sched, latency, policy, inbox, cfg.horizon_s, rebalancer=rebalancer,
                               slo_tpot_s=context.slo_tpot_s, guard=guard,
                               noise=make_noise("latency" if i == 0 else f"latency-replica{i}") if make_noise else None))
+        if not keep_iterations:
+            pipes[-1].log.spill = True  # before its first record: the summary's columns go to files
     if n > 1:
-        env.process(route(env, reqs, pipes, cfg.parallel.router))
+        env.process(route(env, table, pipes, cfg.parallel.router))
     env.run(until=env.all_of([p.proc for p in pipes]))
+    table.close()
     failed = [p for p in pipes if p.status == "failed"]
     stopped = [p for p in pipes if p.status == "stopped"]
     log = IterationLog.merge([p.log for p in pipes], cfg.parallel.pp)
@@ -157,22 +175,26 @@ def run(cfg: RunConfig, requests: list[RequestSpec] | None = None) -> RunResult:
         config=cfg, status="failed" if failed else "stopped" if stopped else "ok",
         reason=(guard.reason if stopped and not failed else
                 "; ".join(f"replica {pipes.index(p)}: {p.reason}" if n > 1 else p.reason for p in failed)),
-        requests=reqs, iterations=log.columns, stage_busy=log.stage_busy, decisions=decisions, moves=moves,
+        requests=table, iterations=log.columns, stage_busy=log.stage_busy, decisions=decisions, moves=moves,
         kv_capacity_tokens=kv, kv_peak_tokens=max(p.kv_peak for p in pipes), max_running_requests=max_running,
-        end_s=env.now, iteration_overhead_s=latency.iteration_overhead_s, host_s=log.columns["host_s"],
+        end_s=env.now, iteration_overhead_s=latency.iteration_overhead_s,
+        host_s=log.columns["host_s"] if keep_iterations else [],
         extras={"stage_layers": list(getattr(latency, "layers", [])),
                 "num_kv_exhausted": sum(p.sched.kv_exhausted_events for p in pipes)},
     )
 
 
-def route(env: simpy.Environment, reqs: list[Req], pipes: list[Pipeline], policy: str):
-    """The router: sends each request, when it arrives, to one replica.
+def route(env: simpy.Environment, table: RequestTable, pipes: list[Pipeline], policy: str):
+    """The router: sends each request, when it arrives, to one replica (its `Req` is made then).
 
     `round-robin` cycles through the replicas; `least-loaded` picks the replica with the
     fewest outstanding requests (queued, waiting or running), ties to the lowest index."""
-    for i, req in enumerate(reqs):
-        if req.arrival_s > env.now:
-            yield env.timeout(req.arrival_s - env.now)
+    arrival = table.arrival_s
+    for i in range(len(table)):
+        arrival_s = float(arrival[i])
+        if arrival_s > env.now:
+            yield env.timeout(arrival_s - env.now)
+        req = table.make(i)
         if policy == "round-robin":
             target = i % len(pipes)
         else:

@@ -69,7 +69,11 @@ class Scheduler:
         self.num_active = 0  # admitted, not finished, not retracted (paused ones included)
         self.num_launched = 0
         self.pending: list[Req] = []  # paused by the rebalancer; they keep their KV
-        self.arrived: list[Req] = []  # every request the scheduler has seen, in arrival order
+        # (arrival time, prompt tokens) of every request the scheduler has seen, in arrival
+        # order, as typed columns: the requests themselves leave when they finish
+        self.arrived_s = array("d")
+        self.arrived_prompt = array("q")
+        self.on_finish = None  # called with each request as it finishes (the run's RequestTable)
         # Append-only samples the controllers read (server-side signals, system model 2.2):
         # TTFT from scheduler arrival, and per-slot cycle times (the artifact's "TPOT").
         self.ttft_samples = array("d")  # compact: one per request / per iteration
@@ -80,7 +84,8 @@ class Scheduler:
     # ------------------------------------------------------------------ helpers
     def add_waiting(self, req: Req) -> None:
         self.waiting.append(req)
-        self.arrived.append(req)
+        self.arrived_s.append(req.arrival_s)
+        self.arrived_prompt.append(req.prompt_len)
 
     def kv_used(self) -> int:
         return self.kv_capacity - self.kv_free
@@ -348,6 +353,8 @@ class Scheduler:
             self._free(req)
             self.num_active -= 1
             self.num_finished += 1
+            if self.on_finish is not None:
+                self.on_finish(req)
 
 
 class PrefillAdder:

@@ -24,7 +24,7 @@ class Req:
         "rid", "arrival_s", "prompt_len", "orig_prompt_len", "max_new", "orig_output_len",
         "out_len", "fill_len", "prefix_len", "kv_held", "slot", "state", "admit_s",
         "first_token_s", "finish_s", "num_chunks", "num_retractions", "truncated_prompt",
-        "clipped_output", "finished", "replica", "last_token_s", "itls",
+        "clipped_output", "finished", "replica", "last_token_s", "itls", "row",
     )
 
     def __init__(self, rid: int, arrival_s: float, prompt_len: int, output_len: int,
@@ -56,6 +56,7 @@ class Req:
         # gaps between consecutive sampled tokens, one float64 per token after the first.
         self.last_token_s = 0.0
         self.itls = array("d")
+        self.row = -1  # its row in the run's RequestTable (sim/engine/requests.py); -1: none
 
     @property
     def context_len(self) -> int:

@@ -133,12 +133,11 @@ class SchedulerView:
 
     def arrivals_since(self, t_s: float) -> tuple[tuple[float, int], ...]:
         """(arrival time, prompt tokens) of requests that arrived at or after `t_s`."""
-        out = []
-        for r in reversed(self._sched.arrived):
-            if r.arrival_s < t_s:
-                break
-            out.append((r.arrival_s, r.prompt_len))
-        return tuple(reversed(out))
+        times, prompts = self._sched.arrived_s, self._sched.arrived_prompt
+        i = len(times)
+        while i and times[i - 1] >= t_s:
+            i -= 1
+        return tuple(zip(times[i:], prompts[i:]))
 
     # -- slots --
     def last_batches(self) -> tuple[BatchInfo | None, ...]:

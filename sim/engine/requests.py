@@ -1,0 +1,344 @@
+"""A run's requests as compact columns: the workload's inputs, the `Req` objects only while a
+request is in the server, and every request's outcome once it finishes (or the run ends).
+
+A long run has about a million requests and two hundred million tokens; a `Req` object with
+its per-token gaps costs about a kilobyte plus 8 bytes a token. So the run keeps the workload
+as four typed arrays (`RequestArrays`), makes a request's `Req` when its arrival comes up
+(`RequestTable.make`, called by the inbox or the router), and when it finishes copies what the
+outputs need into one typed column per field (`finish`) and lets the `Req` go; at the end of
+the run the requests still inside are copied as they stand (`close`). `RequestTable` is what
+`RunResult.requests` holds: it iterates and indexes like the list of requests it replaces,
+yielding read-only `RequestRecord`s with the `Req` field names.
+
+The per-token inter-token latencies of finished requests (vLLM's pooled `itls`) go to an
+`ItlPool`: float64 samples, exact, while there are at most `ItlPool.EXACT_LIMIT` of them;
+beyond that, sorted distinct values with their counts (see `ItlPool`).
+"""
+
+from __future__ import annotations
+
+import math
+from array import array
+from dataclasses import dataclass
+
+from sim.lazy import lazy
+
+from sim.engine.state import FINISHED, RUNNING, WAITING, Req
+
+STATES = (WAITING, RUNNING, FINISHED)
+_STATE_CODE = {s: i for i, s in enumerate(STATES)}
+
+np = lazy("numpy")  # imported on first use (sim/lazy.py)
+
+
+@dataclass(frozen=True)
+class RequestArrays:
+    """A workload as four typed arrays (one row per request, in arrival order)."""
+
+    req_id: np.ndarray  # int64
+    arrival_s: np.ndarray  # float64
+    prompt_tokens: np.ndarray  # int64
+    output_tokens: np.ndarray  # int64
+
+    @classmethod
+    def of(cls, specs) -> "RequestArrays":
+        """From a list of `RequestSpec` (or a `RequestArrays`, returned as is)."""
+        if isinstance(specs, RequestArrays):
+            return specs
+        n = len(specs)
+        return cls(np.fromiter((s.req_id for s in specs), np.int64, n),
+                   np.fromiter((s.arrival_s for s in specs), np.float64, n),
+                   np.fromiter((s.prompt_tokens for s in specs), np.int64, n),
+                   np.fromiter((s.output_tokens for s in specs), np.int64, n))
+
+    def __len__(self) -> int:
+        return len(self.arrival_s)
+
+    def __getitem__(self, i: int):
+        from sim.workloads import RequestSpec
+
+        return RequestSpec(int(self.req_id[i]), float(self.arrival_s[i]), int(self.prompt_tokens[i]),
+                           int(self.output_tokens[i]))
+
+
+class ItlPool:
+    """The finished requests' per-token gaps (seconds), pooled as the benchmark clients pool them.
+
+    Exact mode: every sample, float64, appended in finish order with each request's (offset,
+    count), so `pooled_ms` gives them back in request order: numpy's statistics on that array
+    are the ones a list of per-request arrays gave. Past `EXACT_LIMIT` samples (a long run has
+    ~200 per request), the pool switches to counts: the sorted distinct values with how often
+    each occurs (a decode micro-batch's requests share one gap, so there are about as many
+    distinct values as iterations). Percentiles and the maximum stay exact; the mean and
+    standard deviation are then summed in another order, so they may differ in the last bits
+    from numpy's pairwise sum over the pooled array.
+    """
+
+    EXACT_LIMIT = 1 << 22  # samples (32 MiB of float64): ~20,000 requests of azure-conv
+    MERGE_MIN = 1 << 20  # counts mode: samples pending before they are folded into the table
+
+    def __init__(self, num_requests: int) -> None:
+        self.values = array("d")  # exact mode: samples in finish order; counts mode: not yet merged
+        self.offset = np.full(num_requests, -1, dtype=np.int64)
+        self.count = np.zeros(num_requests, dtype=np.int32)
+        self.exact = True
+        self.distinct: np.ndarray | None = None  # counts mode: sorted distinct values ...
+        self.counts: np.ndarray | None = None  # ... and how many samples have each
+
+    def add(self, row: int, itls: array) -> None:
+        if self.exact:
+            self.offset[row] = len(self.values)
+            self.count[row] = len(itls)
+            self.values.extend(itls)
+            if len(self.values) > self.EXACT_LIMIT:
+                self.exact = False
+                self.offset = self.count = None
+                self._merge()
+            return
+        self.values.extend(itls)
+        if len(self.values) >= self.MERGE_MIN:
+            self._merge()
+
+    def _merge(self) -> None:
+        """Fold the pending samples into the sorted (distinct, counts) table, in place where a
+        value is already there; new values are inserted (one copy of the table)."""
+        new, counts = np.unique(np.frombuffer(self.values, dtype=np.float64), return_counts=True)
+        self.values = array("d")
+        if self.distinct is None or not len(self.distinct):
+            self.distinct, self.counts = new, counts.astype(np.int64)
+            return
+        at = np.searchsorted(self.distinct, new)
+        hit = at < len(self.distinct)
+        hit[hit] = self.distinct[at[hit]] == new[hit]
+        self.counts[at[hit]] += counts[hit]  # distinct positions: `new` has no repeats
+        miss = ~hit
+        if miss.any():
+            self.distinct = np.insert(self.distinct, at[miss], new[miss])
+            self.counts = np.insert(self.counts, at[miss], counts[miss])
+
+    def of_row(self, row: int) -> np.ndarray | None:
+        """A finished request's samples (exact mode), else None."""
+        if not self.exact or self.offset[row] < 0:
+            return None
+        a = self.offset[row]
+        return np.frombuffer(self.values, dtype=np.float64)[a:a + self.count[row]]
+
+    def pooled_ms(self, rows: np.ndarray):
+        """The samples of `rows` (finished requests, in order), in ms: an array in exact mode,
+        else `ItlCounts` over every finished request."""
+        if not self.exact:
+            if self.values:
+                self._merge()
+            return ItlCounts(self.distinct * 1e3 if self.distinct is not None else np.zeros(0),
+                             self.counts if self.counts is not None else np.zeros(0, dtype=np.int64))
+        src = np.frombuffer(self.values, dtype=np.float64)
+        counts = self.count[rows].astype(np.int64)
+        out = np.empty(int(counts.sum()), dtype=np.float64)
+        pos = 0
+        for a, k in zip(self.offset[rows].tolist(), counts.tolist()):
+            out[pos:pos + k] = src[a:a + k]
+            pos += k
+        out *= 1e3
+        return out
+
+
+class ItlCounts:
+    """A pooled sample given as sorted distinct values and their counts (see `ItlPool`)."""
+
+    def __init__(self, values: np.ndarray, counts: np.ndarray) -> None:
+        self.values = values
+        self.counts = counts
+
+    def __len__(self) -> int:
+        return int(self.counts.sum())
+
+    def percentile(self, q: float) -> float:
+        """numpy's default (linear) percentile of the expanded sample: the order statistics
+        at floor and ceil of (n - 1) q / 100, interpolated as numpy does."""
+        n = len(self)
+        h = (n - 1) * (q / 100.0)
+        lo = math.floor(h)
+        cum = np.cumsum(self.counts)
+        a = float(self.values[np.searchsorted(cum, lo, side="right")])
+        b = float(self.values[np.searchsorted(cum, min(lo + 1, n - 1), side="right")])
+        # numpy's _lerp (numpy/lib/_function_base_impl.py), same operations in the same order
+        t = h - lo
+        diff = b - a
+        return b - diff * (1 - t) if t >= 0.5 else a + diff * t
+
+    def mean(self) -> float:
+        return math.fsum((self.values * self.counts).tolist()) / len(self)
+
+    def std(self) -> float:
+        m = self.mean()
+        return math.sqrt(math.fsum((self.counts * (self.values - m) ** 2).tolist()) / len(self))
+
+    def max(self) -> float:
+        return float(self.values[-1])
+
+
+class RequestRecord:
+    """One request's final state, read from the table's columns (`Req`'s field names)."""
+
+    __slots__ = ("rid", "arrival_s", "orig_prompt_len", "orig_output_len", "prompt_len", "max_new", "out_len",
+                 "state", "finished", "admit_s", "first_token_s", "finish_s", "num_chunks", "num_retractions",
+                 "slot", "truncated_prompt", "clipped_output", "replica", "kv_held", "prefix_len", "itls")
+
+    def __repr__(self) -> str:
+        return f"RequestRecord({self.rid}, out={self.out_len}/{self.max_new}, {self.state})"
+
+
+def _opt(v: float):
+    return None if v != v else v
+
+
+class RequestTable:
+    """A run's requests: inputs (`RequestArrays`), the live `Req`s, the outcome columns.
+
+    Row i is the i-th request of the workload. `make(i)` builds its `Req` (rows are made in
+    order, when their arrival comes up); `finish(req)` records a finished one and forgets it;
+    `close()` records the ones still live when the run ends. Rows never made (not yet arrived,
+    or still in the inbox) keep their initial values: waiting, no token.
+    """
+
+    def __init__(self, requests: RequestArrays, max_req_input_len: int, max_req_len: int) -> None:
+        self.inputs = requests
+        self.max_req_input_len = max_req_input_len
+        self.max_req_len = max_req_len
+        n = len(requests)
+        prompt, output = requests.prompt_tokens, requests.output_tokens
+        # Req.__init__'s truncation and clip, for every row at once
+        prompt_len = np.minimum(prompt, max_req_input_len)
+        max_new = np.maximum(1, np.minimum(output, max_req_len - prompt_len - 1))
+        self.next_row = 0  # rows below it have been made
+        self.live: dict[int, Req] = {}  # row -> Req: made, not finished (in arrival order)
+        self.itls = ItlPool(n)
+        nan = np.full(n, np.nan)
+        self.columns: dict[str, np.ndarray] = {
+            "req_id": requests.req_id, "arrival_s": requests.arrival_s, "prompt_tokens": prompt,
+            "output_tokens": output, "prompt_len": prompt_len, "max_new_tokens": max_new,
+            "truncated_prompt": prompt > max_req_input_len, "clipped_output": max_new < output,
+            "state": np.zeros(n, dtype=np.int8), "admit_s": nan, "first_token_s": nan.copy(),
+            "finish_s": nan.copy(), "generated_tokens": np.zeros(n, dtype=np.int32),
+            "num_chunks": np.zeros(n, dtype=np.int32), "num_retractions": np.zeros(n, dtype=np.int32),
+            "slot": np.full(n, -1, dtype=np.int32), "replica": np.zeros(n, dtype=np.int32),
+            "kv_held": np.zeros(n, dtype=np.int32), "prefix_len": np.zeros(n, dtype=np.int32),
+            "max_itl_s": nan.copy(),
+        }
+
+    def __len__(self) -> int:
+        return len(self.inputs)
+
+    @property
+    def arrival_s(self) -> np.ndarray:
+        return self.inputs.arrival_s
+
+    def make(self, row: int) -> Req:
+        inp = self.inputs
+        req = Req(int(inp.req_id[row]), float(inp.arrival_s[row]), int(inp.prompt_tokens[row]),
+                  int(inp.output_tokens[row]), self.max_req_input_len, self.max_req_len)
+        req.row = row
+        self.live[row] = req
+        self.next_row = row + 1
+        return req
+
+    def _record(self, req: Req) -> None:
+        c, i = self.columns, req.row
+        c["state"][i] = _STATE_CODE[req.state]
+        for name, v in (("admit_s", req.admit_s), ("first_token_s", req.first_token_s), ("finish_s", req.finish_s)):
+            if v is not None:
+                c[name][i] = v
+        c["generated_tokens"][i] = req.out_len
+        c["num_chunks"][i] = req.num_chunks
+        c["num_retractions"][i] = req.num_retractions
+        c["slot"][i] = req.slot
+        c["replica"][i] = req.replica
+        c["kv_held"][i] = req.kv_held
+        c["prefix_len"][i] = req.prefix_len
+        if req.itls:
+            c["max_itl_s"][i] = max(req.itls)
+
+    def finish(self, req: Req) -> None:
+        """The hand-off of a finished request: its outcome to the columns, its gaps to the pool."""
+        self._record(req)
+        self.itls.add(req.row, req.itls)
+        req.itls = array("d")  # the pool has them; the scheduler may still hold the Req a while
+        del self.live[req.row]
+
+    def close(self) -> None:
+        """The end of the run: record the requests still inside as they stand."""
+        for req in self.live.values():
+            self._record(req)
+        self.live = {}
+
+    def queue(self) -> "LazyQueue":
+        return LazyQueue(self)
+
+    # -- the list of requests it replaces --
+    def __getitem__(self, i: int) -> RequestRecord:
+        n = len(self)
+        if i < 0:
+            i += n
+        if not 0 <= i < n:
+            raise IndexError(i)
+        c = self.columns
+        r = RequestRecord()
+        r.rid = int(c["req_id"][i])
+        r.arrival_s = float(c["arrival_s"][i])
+        r.orig_prompt_len = int(c["prompt_tokens"][i])
+        r.orig_output_len = int(c["output_tokens"][i])
+        r.prompt_len = int(c["prompt_len"][i])
+        r.max_new = int(c["max_new_tokens"][i])
+        r.out_len = int(c["generated_tokens"][i])
+        r.state = STATES[c["state"][i]]
+        r.finished = r.state == FINISHED
+        r.admit_s = _opt(float(c["admit_s"][i]))
+        r.first_token_s = _opt(float(c["first_token_s"][i]))
+        r.finish_s = _opt(float(c["finish_s"][i]))
+        r.num_chunks = int(c["num_chunks"][i])
+        r.num_retractions = int(c["num_retractions"][i])
+        r.slot = int(c["slot"][i])
+        r.truncated_prompt = bool(c["truncated_prompt"][i])
+        r.clipped_output = bool(c["clipped_output"][i])
+        r.replica = int(c["replica"][i])
+        r.kv_held = int(c["kv_held"][i])
+        r.prefix_len = int(c["prefix_len"][i])
+        own = self.itls.of_row(i)
+        r.itls = own.tolist() if own is not None else []
+        return r
+
+    def __iter__(self):
+        return (self[i] for i in range(len(self)))
+
+
+class LazyQueue:
+    """The not yet delivered rows of a table, as the deque of `Req`s the inbox used to hold:
+    `queue[0]` makes the head's `Req` (once), `popleft()` hands it over."""
+
+    __slots__ = ("table", "head")
+
+    def __init__(self, table: RequestTable) -> None:
+        self.table = table
+        self.head: Req | None = None
+
+    def __len__(self) -> int:
+        t = self.table
+        return len(t) - t.next_row + (self.head is not None)
+
+    def __bool__(self) -> bool:
+        return self.head is not None or self.table.next_row < len(self.table)
+
+    def __getitem__(self, i: int) -> Req:
+        if i != 0:
+            raise IndexError("only the head of the inbox is visible")
+        if self.head is None:
+            t = self.table
+            if t.next_row >= len(t):
+                raise IndexError("empty inbox")
+            self.head = t.make(t.next_row)
+        return self.head
+
+    def popleft(self) -> Req:
+        req = self[0]
+        self.head = None
+        return req
