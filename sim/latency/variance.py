@@ -95,7 +95,8 @@ class IterationNoise:
         self._i = 0
 
     def next(self) -> tuple[tuple[float, ...], float]:
-        """(jitter factor per stage, host stall in seconds) for the next iteration."""
+        """(factor per stage: its jitter times the iteration's slow-down stretch, if any; host stall
+        in seconds) for the next iteration."""
         if self._i >= len(self._block):
             self._refill()
         v = self._block[self._i]
@@ -104,8 +105,8 @@ class IterationNoise:
 
 
 def sample_factors(params: VarianceParams, num_stages: int, seed: int, n: int, prefix: str = "latency") -> np.ndarray:
-    """n iterations of draws as an array of shape (n, num_stages + 1): the stage factors, then the
-    stall in ms (for tests and for the calibration report)."""
+    """n iterations of draws as an array of shape (n, num_stages + 1): the stage factors (jitter and
+    slow-down together), then the stall in ms (for tests and for the calibration report)."""
     noise = IterationNoise(params, num_stages, seed, prefix)
     out = np.empty((n, num_stages + 1))
     for i in range(n):
