@@ -39,6 +39,7 @@ pd = lazy("pandas")  # imported on first use (sim/lazy.py)
 
 from sim.bench_metrics import bench_metrics
 from sim.errors import ConfigError, DataError
+from sim.workloads.trace import json_lines
 
 STATS = (("mean", "mean"), ("p50", "median"), ("p90", "p90"), ("p99", "p99"))
 METRICS = (("ttft", "ttft"), ("tpot", "tpot"), ("itl", "itl"), ("e2e", "e2el"))
@@ -153,13 +154,7 @@ def read_bench_log(path: str | Path, units: str = "s") -> list[dict]:
     if isinstance(whole, dict):
         return [parse_result(path, 1, whole, scale)]
     runs = []
-    for lineno, line in enumerate(text.splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise DataError(f"{path}: line {lineno}: not valid JSON ({exc.msg})") from None
+    for lineno, rec in json_lines(path, text.splitlines()):
         runs.append(parse_result(path, lineno, rec, scale))
     if not runs:
         raise DataError(f"{path}: no results in the file")

@@ -41,7 +41,7 @@ np = lazy("numpy")
 pd = lazy("pandas")
 
 from sim.errors import ConfigError, DataError
-from sim.workloads.trace import DEFAULT_COLUMNS, Trace, trace_formats
+from sim.workloads.trace import DEFAULT_COLUMNS, Trace, json_lines, read_csv_strings, trace_formats
 
 BURSTGPT_COLUMNS = ("Timestamp", "Request tokens", "Response tokens")
 MOONCAKE_FIELDS = ("timestamp", "input_length", "output_length")
@@ -83,13 +83,7 @@ def _read_mooncake(path: str, _mtime: int, _size: int, unit: str) -> Trace:
     hashed = 0
     scale = 1e-3 if unit == "milliseconds" else 1.0
     with open(p, encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, start=1):
-            if not line.strip():
-                continue
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise DataError(f"{p}: line {lineno}: not valid JSON ({exc.msg})") from None
+        for lineno, rec in json_lines(p, fh):
             if not isinstance(rec, dict):
                 raise DataError(f"{p}: line {lineno}: expected a JSON object, got {type(rec).__name__}")
             for key in MOONCAKE_FIELDS:
@@ -144,12 +138,7 @@ def _burst_error(p: Path, df: pd.DataFrame, mask, col: str, problem: str, hint: 
 @lru_cache(maxsize=8)
 def _read_burstgpt(path: str, _mtime: int, _size: int, filters: tuple, drop_failed: bool) -> Trace:
     p = Path(path)
-    try:
-        df = pd.read_csv(p, dtype=str, keep_default_na=False, skip_blank_lines=False)
-    except pd.errors.EmptyDataError:
-        raise DataError(f"{p}: empty file (no header line)") from None
-    except (pd.errors.ParserError, UnicodeDecodeError) as exc:
-        raise DataError(f"{p}: {str(exc).strip().splitlines()[0]}") from None
+    df = read_csv_strings(p)
     for col in BURSTGPT_COLUMNS + tuple(c for c, _ in filters):
         if col not in df.columns:
             raise DataError(f"{p}: line 1: missing BurstGPT column {col!r}; columns present: {', '.join(df.columns)}")

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from sim.lazy import lazy
 
+import json
 import os
 from dataclasses import dataclass
 from functools import lru_cache
@@ -122,15 +123,33 @@ def _arrivals(path: Path, df: pd.DataFrame, col: str, fmt: str) -> np.ndarray:
     return times
 
 
-@lru_cache(maxsize=8)
-def _read_cached(path: str, mtime_ns: int, size: int, cols: tuple[str, str, str], fmt: str) -> Trace:
-    p = Path(path)
+def read_csv_strings(p: Path) -> pd.DataFrame:
+    """A CSV as strings, blank lines kept as rows (so row i is line i + 2); a file pandas cannot
+    parse is a one-line DataError naming it."""
     try:
-        df = pd.read_csv(p, dtype=str, keep_default_na=False, skip_blank_lines=False)
+        return pd.read_csv(p, dtype=str, keep_default_na=False, skip_blank_lines=False)
     except pd.errors.EmptyDataError:
         raise DataError(f"{p}: empty file (no header line)") from None
     except (pd.errors.ParserError, UnicodeDecodeError) as exc:
         raise DataError(f"{p}: {str(exc).strip().splitlines()[0]}") from None
+
+
+def json_lines(path, lines):
+    """(line number, parsed value) of every non-blank line of a JSON-lines text; a line that is not
+    JSON is a one-line DataError naming the file and the line."""
+    for lineno, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            yield lineno, json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise DataError(f"{path}: line {lineno}: not valid JSON ({exc.msg})") from None
+
+
+@lru_cache(maxsize=8)
+def _read_cached(path: str, mtime_ns: int, size: int, cols: tuple[str, str, str], fmt: str) -> Trace:
+    p = Path(path)
+    df = read_csv_strings(p)
     for role, col in zip(("arrival", "prompt", "output"), cols):
         if col not in df.columns:
             raise DataError(
