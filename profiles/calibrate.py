@@ -72,6 +72,7 @@ FIXED = {"stall_prob": (0.0, "fixed at 0, not fitted: the tail is modelled by sl
                              "slow_mean), which scale with the iteration; a fixed host stall fitted to the PP_static "
                              "targets gave the DCP_pred P99 check +62% (profiles/FORMAT.md)"),
          "stall_mean_ms": (10.0, "unused while stall_prob = 0 (default kept)")}
+FIXED_VALUES = {k: v for k, (v, _why) in FIXED.items()}
 COARSE_POINTS = 4        # values per parameter in the first coordinate pass (evenly over its range)
 REFINE_PASSES = 2        # later passes: the incumbent +- half the previous spacing
 TIE = 1e-5
@@ -124,7 +125,8 @@ def simulate_targets(targets: dict, params: dict, seeds, entries=None) -> dict:
     from sim.metrics import summarize
     from sim.schemes import scheme_table
 
-    prof = with_overrides(Profile.load(profile_dir(targets)), **params)
+    # the held parameters apply to every simulation of the calibration (explicit params win)
+    prof = with_overrides(Profile.load(profile_dir(targets)), **{**FIXED_VALUES, **params})
 
     def patched(cfg):
         return ProfiledLatencyModel(prof, cfg.parallel.pp, seed=cfg.seed)
@@ -184,11 +186,6 @@ def _axis(p: str, centre: float, spacing: float) -> list[float]:
     return sorted({min(hi, max(lo, round(centre + d * spacing, 4))) for d in (-1, 0, 1)})
 
 
-def _extra(mode: str) -> tuple:
-    """The overrides every simulated point carries besides the fitted parameters."""
-    return (("mode", mode),) + tuple((k, v) for k, (v, _why) in FIXED.items())
-
-
 def search(targets: dict, seeds, jobs: int, quick: bool, mode: str, log=print, evaluate=None) -> dict:
     """Coordinate search inside the bounds: from the defaults, each parameter in turn over
     COARSE_POINTS values spanning its range (the others held at the incumbent), then REFINE_PASSES
@@ -205,9 +202,10 @@ def search(targets: dict, seeds, jobs: int, quick: bool, mode: str, log=print, e
             results = evaluate(todo)
         elif jobs > 1:
             with ProcessPoolExecutor(max_workers=jobs) as ex:
-                results = list(ex.map(simulate, [(tuple(p.items()), tuple(seeds), tpath, _extra(mode)) for p in todo]))
+                results = list(ex.map(simulate, [(tuple(p.items()), tuple(seeds), tpath, (("mode", mode),))
+                                                 for p in todo]))
         else:
-            results = [simulate((tuple(p.items()), tuple(seeds), tpath, _extra(mode))) for p in todo]
+            results = [simulate((tuple(p.items()), tuple(seeds), tpath, (("mode", mode),))) for p in todo]
         for p, vals in zip(todo, results):
             cache[_key(p)] = (objective(vals, targets), vals)
 
@@ -393,8 +391,7 @@ def main(argv: list[str] | None = None) -> int:
     print("Checks")
     checks = [t for t in targets.get("iteration_validation", []) if "num_requests" in t]
     if checks:
-        vals = simulate_targets(targets, {**best, "mode": mode, **{k: v for k, (v, _w) in FIXED.items()}}, seeds,
-                                checks)
+        vals = simulate_targets(targets, {**best, "mode": mode}, seeds, checks)
         for t in checks:
             v = vals[t["name"]]
             print(f"  {t['name']:34s} model {v:7.2f} ms  target {t['value']:7.2f} ms  error {v / t['value'] - 1:+.1%}"
@@ -410,8 +407,7 @@ def main(argv: list[str] | None = None) -> int:
           f"error {bub['bubble_ms'] / targets['bubble']['ms'] - 1:+.1%} ({bub['alt_ms'] / targets['bubble']['ms'] - 1:+.1%})")
     print(f"  stage times: 2048 tokens {bub['stage_big_ms']:.1f} ms, 128 tokens {bub['stage_small_ms']:.1f} ms")
     for bw in (8, 12):
-        vals = simulate_targets(targets, {**best, "mode": mode, "p2p_bw_gbps": bw,
-                                          **{k: v for k, (v, _w) in FIXED.items()}}, seeds)
+        vals = simulate_targets(targets, {**best, "mode": mode, "p2p_bw_gbps": bw}, seeds)
         print(f"  p2p {bw} GB/s: " + ", ".join(f"{k} {v:.2f} ms ({v / fit['values'][k] - 1:+.2%} vs 10 GB/s)"
                                                for k, v in vals.items()))
     if args.sensitivity:
