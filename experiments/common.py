@@ -75,12 +75,26 @@ def sweep_workload(ctx: Context, name: str) -> tuple[dict, list[float]]:
     return table, list(rates)
 
 
-def goodput_study(ctx: Context, models, workloads, schemes, slo_scales=(1.0,), desc="goodput", full_sweep=True,
-                  extend: bool = True, stop_early: bool = False, extra: dict | None = None):
+def goodput_study(ctx: Context, models, workloads, schemes, slo_scales=(1.0,), desc="goodput",
+                  full_sweep: bool | str = True, extend: bool = True, stop_early: bool = False,
+                  extra: dict | None = None):
     """Goodput searches for every (model, workload, scheme, slo scale, seed). `PP_static`
     expands to every static chunk; its best chunk is picked afterwards.
 
+    `full_sweep`: True runs every rate of the sweep for every search (per-rate figures), False
+    climbs the rates and stops at the first failure (`sim.sweep.goodput_searches`), "first-seed"
+    runs the full sweep for the first seed only (the one the per-rate plots show) and climbs for
+    the others (same goodput when the outcome is monotone in the rate).
+
+    Runs are shared between studies wherever they are the same simulation: a static scheme does
+    not read the SLO, so its runs at every SLO scale are those at scale 1.0, and a run at scale
+    1.0 without `extra` is the goodput figures' (fig9/fig10) run; the pass/fail verdict applies
+    each search's own SLO to the shared summary. `stop_early` (stop a run once its P90 is certain
+    to miss the SLO) applies only to the runs no other study shares: a stopped run knows only
+    that it failed its own table's SLO.
+
     Returns (per-rate rows, goodput rows) as DataFrames."""
+    first_seed = ctx.seeds[0]
     searches = []
     for model in models:
         for wl in workloads:
@@ -91,20 +105,21 @@ def goodput_study(ctx: Context, models, workloads, schemes, slo_scales=(1.0,), d
                     for scale in slo_scales:
                         for seed in ctx.seeds:
                             static = sch == "TP" or sch.startswith("PP_")
-                            # static schemes do not read the SLO: share their runs across scales
                             table = scheme_table(sch, model, wtable, seed=seed, slo_scale=1.0 if static else scale,
                                                  extra=extra)
-                            if stop_early:  # pass/fail is all a goodput-only figure needs
+                            shared = extra is None and (static or scale == 1.0)
+                            if stop_early and not shared:  # pass/fail is all a goodput-only figure needs
                                 table["slo"].update(ttft_ms=2000.0 * scale, tpot_ms=200.0 * scale,
                                                     stop_when_violated=True)
                             chunk = table["scheduler"]["chunk_size_tokens"] if static else "dynamic"
                             label = {"model": model, "workload": wl, "scheme": sch, "group": scheme,
                                      "chunk": chunk, "slo_scale": scale, "seed": seed}
-                            searches.append(Search(label, table, rates, 2000.0 * scale, 200.0 * scale))
+                            full = full_sweep is True or (full_sweep == "first-seed" and seed == first_seed)
+                            searches.append(Search(label, table, rates, 2000.0 * scale, 200.0 * scale,
+                                                   full_sweep=full))
     top = max(max(s.rates) for s in searches)
     max_rate = MAX_RATE_FACTOR * top if extend else top
-    good = pd.DataFrame(goodput_searches(ctx.runner, searches, tol=ctx.tol, desc=desc, full_sweep=full_sweep,
-                                         max_rate=max_rate))
+    good = pd.DataFrame(goodput_searches(ctx.runner, searches, tol=ctx.tol, desc=desc, max_rate=max_rate))
     rows = pd.DataFrame(per_rate_rows(searches))
     return rows, good
 

@@ -264,6 +264,7 @@ class Search:
     flag: str = ""
     min_window_s: float | None = None  # None: the sweep's window at its highest rate (see `window_s`)
     slo: SLO | None = None
+    full_sweep: bool | None = None  # None: as `goodput_searches` is told
 
     def __post_init__(self) -> None:
         if self.slo is None:
@@ -293,32 +294,27 @@ def goodput_searches(runner: Runner, searches: list[Search], tol: float = 0.05, 
     still pass at their highest rate) extension rounds at 1.5x the highest rate up to
     `max_rate`, then bisection rounds (one midpoint per unfinished search per round).
 
-    `full_sweep=True` runs every rate of the sweep in one parallel batch (the artifact's sweep,
-    for per-rate figures); `full_sweep=False` climbs the rates `step` at a time per search and
-    stops a search at its first failing rate (same goodput when the outcome is monotone, far
-    fewer overloaded runs; non-monotone outcomes above the first failure go unseen)."""
-    if full_sweep:
-        batch = [s.at(r) for s in searches for r in s.rates]
-        res = runner.run(batch, desc=f"{desc}: sweep")
-        i = 0
+    A full sweep (`full_sweep=True`, or a search's own `full_sweep`) runs every rate of the
+    sweep in the first parallel batch (the artifact's sweep, for per-rate figures); otherwise a
+    search climbs the rates `step` at a time and stops at its first failing rate (same goodput
+    when the outcome is monotone, far fewer overloaded runs; non-monotone outcomes above the
+    first failure go unseen). Both kinds share the batches."""
+    todo = {}
+    for s in searches:
+        full = full_sweep if s.full_sweep is None else s.full_sweep
+        todo[id(s)] = (sorted(s.rates), len(s.rates) if full else step)
+    while True:
+        jobs = []
         for s in searches:
-            for r in s.rates:
-                s.results[r] = res[i]
-                i += 1
-    else:
-        todo = {id(s): sorted(s.rates) for s in searches}
-        while True:
-            jobs = []
-            for s in searches:
-                rates = todo[id(s)]
-                if rates and not any(not s.passes(r) for r in s.results):
-                    jobs += [(s, r) for r in rates[:step]]
-                    todo[id(s)] = rates[step:]
-            if not jobs:
-                break
-            res = runner.run([s.at(r) for s, r in jobs], desc=f"{desc}: sweep")
-            for (s, r), out in zip(jobs, res):
-                s.results[r] = out
+            rates, n = todo[id(s)]
+            if rates and not any(not s.passes(r) for r in s.results):
+                jobs += [(s, r) for r in rates[:n]]
+                todo[id(s)] = (rates[n:], step)
+        if not jobs:
+            break
+        res = runner.run([s.at(r) for s, r in jobs], desc=f"{desc}: sweep")
+        for (s, r), out in zip(jobs, res):
+            s.results[r] = out
     for s in searches:
         _bracket(s)
     while True:

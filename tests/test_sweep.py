@@ -242,3 +242,55 @@ def test_late_window_hand_calculation():
     # window [0, 100]: the last quarter starts at 75 s
     assert late_arrivals(df)["arrival_s"].tolist() == [75.0, 76.0, 100.0]
     assert late_arrivals(df.iloc[:1]).empty
+
+
+def test_full_and_climbing_searches_share_batches():
+    """A search with its own `full_sweep` runs every rate; a climbing one stops at its first
+    failure; both end at the same goodput (monotone outcome)."""
+    runner = Runner(None, progress=False, evaluate_fn=fake_eval(3.3))
+    full = Search({"k": "full"}, {"workload": {"seed_tag": 1}}, list(range(1, 11)), full_sweep=True)
+    climb = Search({"k": "climb"}, {"workload": {"seed_tag": 2}}, list(range(1, 11)), full_sweep=False)
+    a, b = goodput_searches(runner, [full, climb], tol=0.05)
+    assert a["goodput_rps"] == b["goodput_rps"]
+    assert set(range(1, 11)) <= set(full.results)
+    assert max(r for r in climb.results if r == int(r)) == 4  # climbed 1, 2, 3, 4 and stopped
+
+
+def test_studies_share_runs_that_do_not_read_the_slo(tmp_path):
+    """fig12-style study: static schemes at every scale, and every scheme at scale 1.0, run the
+    goodput figures' own configs (no early stop); only the dynamic schemes below scale 1.0 stop
+    early, with their own scaled SLO in the table."""
+    from experiments.common import Context, goodput_study
+
+    seen = []
+
+    def evaluate(table):
+        seen.append(table)
+        return fake_eval(2.5)(table)
+
+    ctx = Context(tmp_path, quick=True, progress=False, seeds=(1, 2))
+    ctx._runner = Runner(None, progress=False, evaluate_fn=evaluate)
+    goodput_study(ctx, ["qwen2.5-32b"], ["azure-conv"], ["TP", "DCP_pred"], slo_scales=(1.0, 0.5),
+                  full_sweep=False, extend=False, stop_early=True)
+    figs = []
+
+    def evaluate_figs(table):
+        figs.append(table)
+        return fake_eval(2.5)(table)
+
+    ctx2 = Context(tmp_path, quick=True, progress=False, seeds=(1, 2))
+    ctx2._runner = Runner(None, progress=False, evaluate_fn=evaluate_figs)
+    goodput_study(ctx2, ["qwen2.5-32b"], ["azure-conv"], ["TP", "DCP_pred"], full_sweep="first-seed")
+    fig_ids = {point_id(t) for t in figs}
+    for t in seen:
+        dynamic = t["scheduler"]["chunk_policy"]["name"] != "static"
+        scaled = t["slo"]["ttft_ms"] != 2000.0
+        if dynamic and scaled:
+            assert t["slo"]["stop_when_violated"] is True and t["slo"]["ttft_ms"] == 1000.0
+        else:
+            assert "stop_when_violated" not in t["slo"] and t["slo"]["ttft_ms"] == 2000.0
+            assert point_id(t) in fig_ids or t["workload"]["rate_rps"] != int(t["workload"]["rate_rps"])
+    # the per-rate study: the first seed runs every integer rate, the second stops climbing
+    rates = {s: {t["workload"]["rate_rps"] for t in figs if t["seed"] == s and t["parallel"]["tp"] == 4}
+             for s in (1, 2)}
+    assert {1.0, 3.0, 5.0, 7.0, 9.0} <= rates[1] and 9.0 not in rates[2]
