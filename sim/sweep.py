@@ -4,6 +4,10 @@ search the goodput (the highest rate at which P90 TTFT and P90 TPOT meet the SLO
 - A *point* is a run-config table (plain dict). Its id is a hash of the table, so a sweep
   interrupted half-way resumes where it stopped: finished points are read back from the
   cache file (JSON lines, appended and flushed as each point completes).
+- Siblings: points that differ only in their [slo] table are simulated as one lock-step run
+  (`evaluate_siblings`, sim/engine/lockstep.py); the run stands for a sibling only where it is
+  exactly that sibling's own run, and the others are simulated afterwards, so every cached
+  summary is the one its own simulation gives.
 - Executors: in-process (jobs = 1), local processes (`jobs` > 1, the default), or a Ray
   cluster (`executor="ray"`, `address=...`; Ray is an optional extra).
 - Goodput: the artifact's integer-rate sweep (any rates: `parse_rates` reads `0.25:4`; the
@@ -63,8 +67,43 @@ def evaluate(table: dict) -> dict:
     from sim.engine.run import run
     from sim.metrics import summarize
 
-    cfg = config_from_table(table)
-    summary = summarize(run(cfg))
+    return _plain(summarize(run(config_from_table(table))))
+
+
+def evaluate_siblings(tables: list[dict]) -> list[dict | None]:
+    """Run `tables[0]` once, in lock step with the same config at each other table's SLO (the
+    tables differ only in [slo]; sim/engine/lockstep.py). Returns each table's summary, or None
+    for a table whose own run this one was not exactly (a decision differed, or its early-stop
+    guard would have stopped it)."""
+    from dataclasses import replace
+
+    from sim.config import config_from_table
+    from sim.engine.run import run
+    from sim.metrics import summarize
+
+    cfgs = [config_from_table(t) for t in tables]
+    res = run(cfgs[0], alt_slos=tuple(c.slo for c in cfgs[1:]))
+    out = [_plain(summarize(res))]
+    for cfg, same in zip(cfgs[1:], res.extras["alternates"]):
+        out.append(_plain(summarize(replace(res, config=cfg))) if same else None)
+    return out
+
+
+def _sibling_key(table: dict) -> str:
+    """Tables with equal keys are one simulation but for their SLO."""
+    return point_id({k: v for k, v in table.items() if k != "slo"})
+
+
+def _primary_rank(table: dict) -> tuple:
+    """The sibling to simulate for real: one that runs to the end (no early stop), else the
+    loosest SLO (the least likely to stop, and every tighter sibling's guard can still be
+    checked beside it)."""
+    slo = table.get("slo", {})
+    return (bool(slo.get("stop_when_violated", False)), -float(slo.get("ttft_ms", 2000.0)),
+            -float(slo.get("tpot_ms", 200.0)), point_id(table))
+
+
+def _plain(summary: dict) -> dict:
     out = {k: summary.get(k) for k in SUMMARY_FIELDS}
     out.update({k: v for k, v in summary.items() if PERCENTILE_KEY.match(k)})
     for k, v in out.items():
@@ -178,37 +217,74 @@ class Runner:
         if todo:
             bar = _progress(len(todo), desc, self.progress)
             try:
+                tasks = self._tasks(todo)
                 if self.executor == "ray":
-                    self._run_ray(todo, bar)
+                    self._run_ray(todo, tasks, bar)
                 elif self.jobs == 1 or len(todo) == 1:
-                    for pid, t in todo.items():
-                        self._store(pid, t, self.evaluate_fn(t))
-                        bar.update(1)
+                    queue = list(reversed(tasks))
+                    while queue:
+                        pids = queue.pop()
+                        fn, arg = self._call(pids, todo)
+                        queue.extend(reversed(self._finish(pids, todo, fn(arg), bar)))
                 else:
-                    self._run_processes(todo, bar)
+                    self._run_processes(todo, tasks, bar)
             finally:
                 bar.close()
         return [self.cache[pid] for pid in ids]
 
-    def _run_processes(self, todo: dict[str, dict], bar) -> None:
+    # A task is a list of point ids: one point, or sibling points (the same config at several
+    # SLOs) simulated as one lock-step run, the primary first (`evaluate_siblings`). Siblings
+    # the run could not stand for come back as a follow-up task.
+    def _tasks(self, todo: dict[str, dict]) -> list[list[str]]:
+        if self.evaluate_fn is not evaluate:  # other evaluators return other things: one run each
+            return [[pid] for pid in todo]
+        groups: dict[str, list[str]] = {}
+        for pid, t in todo.items():
+            groups.setdefault(_sibling_key(t), []).append(pid)
+        return [sorted(pids, key=lambda p: _primary_rank(todo[p])) for pids in groups.values()]
+
+    def _call(self, pids: list[str], todo: dict[str, dict]) -> tuple[Callable, Any]:
+        if len(pids) == 1:
+            return self.evaluate_fn, todo[pids[0]]
+        return evaluate_siblings, [todo[p] for p in pids]
+
+    def _finish(self, pids: list[str], todo: dict[str, dict], result, bar) -> list[list[str]]:
+        """Store a task's summaries; return the follow-up task of the siblings left unserved."""
+        outs = [result] if len(pids) == 1 else result
+        left = []
+        for pid, out in zip(pids, outs):
+            if out is None:
+                left.append(pid)
+            else:
+                self._store(pid, todo[pid], out)
+                bar.update(1)
+        return [left] if left else []
+
+    def _run_processes(self, todo: dict[str, dict], tasks: list[list[str]], bar) -> None:
         from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait  # slow to import
 
         with ProcessPoolExecutor(max_workers=min(self.jobs, len(todo))) as pool:
-            futures = {pool.submit(self.evaluate_fn, t): pid for pid, t in todo.items()}
-            pending = set(futures)
+            futures = {}
+
+            def submit(pids):
+                fn, arg = self._call(pids, todo)
+                fut = pool.submit(fn, arg)
+                futures[fut] = pids
+                return fut
+
+            pending = {submit(t) for t in tasks}
             try:
                 while pending:
                     done, pending = wait(pending, return_when=FIRST_COMPLETED)
                     for fut in done:
-                        pid = futures[fut]
-                        self._store(pid, todo[pid], fut.result())
-                        bar.update(1)
+                        for t in self._finish(futures.pop(fut), todo, fut.result(), bar):
+                            pending.add(submit(t))
             except BaseException:
                 for fut in pending:
                     fut.cancel()
                 raise
 
-    def _run_ray(self, todo: dict[str, dict], bar) -> None:
+    def _run_ray(self, todo: dict[str, dict], tasks: list[list[str]], bar) -> None:
         try:
             import ray
         except ImportError:
@@ -216,15 +292,23 @@ class Runner:
         if not ray.is_initialized():
             ray.init(address=self.address, ignore_reinit_error=True, log_to_driver=False,
                      **({} if self.address else {"num_cpus": self.jobs}))
-        remote = ray.remote(self.evaluate_fn)
-        refs = {remote.remote(t): pid for pid, t in todo.items()}
-        pending = list(refs)
+        remotes: dict = {}
+        refs = {}
+
+        def submit(pids):
+            fn, arg = self._call(pids, todo)
+            if fn not in remotes:
+                remotes[fn] = ray.remote(fn)
+            ref = remotes[fn].remote(arg)
+            refs[ref] = pids
+            return ref
+
+        pending = [submit(t) for t in tasks]
         while pending:
             done, pending = ray.wait(pending, num_returns=1)
             for ref in done:
-                pid = refs[ref]
-                self._store(pid, todo[pid], ray.get(ref))
-                bar.update(1)
+                for t in self._finish(refs.pop(ref), todo, ray.get(ref), bar):
+                    pending.append(submit(t))
 
 
 def _progress(total: int, desc: str, enabled: bool):

@@ -11,6 +11,7 @@ from pathlib import Path
 import simpy
 
 from sim.config import RunConfig
+from sim.engine.lockstep import Lockstep, LockstepChunkPolicy, LockstepGuard, LockstepRebalancer
 from sim.engine.pipeline import Inbox, Pipeline, SLOGuard
 from sim.engine.records import IterationLog
 from sim.engine.requests import RequestArrays, RequestTable
@@ -99,11 +100,15 @@ def pool_sizes(cfg: RunConfig, latency) -> tuple[int, int, int, int]:
 
 
 def run(cfg: RunConfig, requests: list[RequestSpec] | RequestArrays | None = None,
-        keep_iterations: bool = True) -> RunResult:
+        keep_iterations: bool = True, alt_slos: tuple = ()) -> RunResult:
     """Simulate one run. `requests` overrides the config's workload (used by sweeps).
 
     `keep_iterations=False` keeps only the per-iteration columns the summary reads, in
-    temporary files (`ppsim run --no-iterations`): `iterations_frame` is then unavailable."""
+    temporary files (`ppsim run --no-iterations`): `iterations_frame` is then unavailable.
+
+    `alt_slos`: other SLOs this run is also simulated for, in lock step (sim/engine/lockstep.py;
+    one replica only). `extras["alternates"][i]` tells whether this run is exactly the run of
+    `cfg` with `alt_slos[i]` (every decision agreed and its early-stop guard never tripped)."""
     load_plugins(cfg.plugins.modules)  # idempotent; this is how worker processes get them
     if requests is None:
         requests = build_workload(cfg.workload, seed=cfg.seed)
@@ -115,22 +120,25 @@ def run(cfg: RunConfig, requests: list[RequestSpec] | RequestArrays | None = Non
     # start-up profiling draws from its own streams, so it never shifts the run's draws
     make_noise = getattr(latency, "make_noise", None)
     startup_noise = make_noise("startup") if make_noise else None
-    context = PolicyContext(
-        num_stages=cfg.parallel.pp, slo_ttft_s=cfg.slo.ttft_ms / 1e3, slo_tpot_s=cfg.slo.tpot_ms / 1e3,
-        launch_chunk_tokens=sc.chunk_size_tokens, kv_capacity_tokens=kv,
-        startup_profile=lambda c: startup_profile(latency, c, kv, max_req_len, noise=startup_noise),
-        context_length_tokens=sc.context_length_tokens,
-    )
+    def context_of(slo, noise) -> PolicyContext:
+        return PolicyContext(
+            num_stages=cfg.parallel.pp, slo_ttft_s=slo.ttft_ms / 1e3, slo_tpot_s=slo.tpot_ms / 1e3,
+            launch_chunk_tokens=sc.chunk_size_tokens, kv_capacity_tokens=kv,
+            startup_profile=lambda c: startup_profile(latency, c, kv, max_req_len, noise=noise),
+            context_length_tokens=sc.context_length_tokens,
+        )
+
+    context = context_of(cfg.slo, startup_noise)
     params = dict(sc.chunk_policy.params)
     if sc.chunk_policy.name == "static":
         params.setdefault("chunk_size_tokens", sc.chunk_size_tokens)
 
-    def build_policies():
+    def build_policies(ctx=context):
         """A fresh chunk controller (and rebalancer): every replica runs its own instances."""
-        policy = build_chunk_policy(sc.chunk_policy.name, params, context, "config [scheduler.chunk_policy]")
+        policy = build_chunk_policy(sc.chunk_policy.name, params, ctx, "config [scheduler.chunk_policy]")
         rebalancer = None
         if sc.rebalancer is not None:
-            rebalancer = build_rebalancer(sc.rebalancer.name, dict(sc.rebalancer.params), context,
+            rebalancer = build_rebalancer(sc.rebalancer.name, dict(sc.rebalancer.params), ctx,
                                           "config [scheduler.rebalancer]")
         return policy, rebalancer
 
@@ -139,19 +147,34 @@ def run(cfg: RunConfig, requests: list[RequestSpec] | RequestArrays | None = Non
     table = RequestTable(arrays, max_input, max_req_len)
     env = simpy.Environment()
     n = cfg.parallel.replicas
-    slo, guard = cfg.slo, None
-    on_finish = table.finish
-    if slo.stop_when_violated:
-        f = slo.stop_factor / 1e3
-        guard = SLOGuard(table, slo.ttft_ms * f, slo.tpot_ms * f, slo.ttft_percentile, slo.tpot_percentile,
-                         None if slo.e2e_ms is None else slo.e2e_ms * f, slo.e2e_percentile)
+    alt_slos = tuple(alt_slos) if n == 1 else ()
 
+    def guard_of(slo):
+        if not slo.stop_when_violated:
+            return None
+        f = slo.stop_factor / 1e3
+        return SLOGuard(table, slo.ttft_ms * f, slo.tpot_ms * f, slo.ttft_percentile, slo.tpot_percentile,
+                        None if slo.e2e_ms is None else slo.e2e_ms * f, slo.e2e_percentile)
+
+    guard = guard_of(cfg.slo)
+    lockstep = None
+    if alt_slos:
+        guard = LockstepGuard(guard, [guard_of(s) for s in alt_slos])
+        lockstep = Lockstep([0.5 * s.tpot_ms / 1e3 for s in alt_slos], rebalanced=sc.rebalancer is not None)
+    on_finish = table.finish
+    if guard is not None:
         def on_finish(req, guard=guard):
             guard.finished(req)
             table.finish(req)
     pipes = []
     for i in range(n):
         policy, rebalancer = build_policies()
+        if lockstep is not None:
+            # each alternate profiles on a fresh start-up stream, as its own run would
+            alts = [build_policies(context_of(s, make_noise("startup") if make_noise else None)) for s in alt_slos]
+            policy = LockstepChunkPolicy(policy, [a[0] for a in alts], lockstep)
+            if rebalancer is not None:
+                rebalancer = LockstepRebalancer(rebalancer, [a[1] for a in alts], lockstep)
         sched = Scheduler(cfg.parallel.pp, kv, max_running, policy.initial_chunk(), cfg.server.on_kv_exhausted)
         sched.on_finish = on_finish
         inbox = Inbox(env, table) if n == 1 else Inbox(env)
@@ -180,7 +203,9 @@ def run(cfg: RunConfig, requests: list[RequestSpec] | RequestArrays | None = Non
         end_s=env.now, iteration_overhead_s=latency.iteration_overhead_s,
         host_s=log.columns["host_s"] if keep_iterations else [],
         extras={"stage_layers": list(getattr(latency, "layers", [])),
-                "num_kv_exhausted": sum(p.sched.kv_exhausted_events for p in pipes)},
+                "num_kv_exhausted": sum(p.sched.kv_exhausted_events for p in pipes),
+                "alternates": ([a and not t for a, t in zip(lockstep.alive, guard.tripped)]
+                               if lockstep is not None else [False] * len(alt_slos))},
     )
 
 
