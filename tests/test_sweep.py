@@ -262,25 +262,21 @@ def test_studies_share_runs_that_do_not_read_the_slo(tmp_path):
     early, with their own scaled SLO in the table."""
     from experiments.common import Context, goodput_study
 
-    seen = []
+    def study(**kwargs) -> list[dict]:
+        """The tables a study simulates (on a fake, monotone outcome)."""
+        seen = []
 
-    def evaluate(table):
-        seen.append(table)
-        return fake_eval(2.5)(table)
+        def evaluate(table):
+            seen.append(table)
+            return fake_eval(2.5)(table)
 
-    ctx = Context(tmp_path, quick=True, progress=False, seeds=(1, 2))
-    ctx._runner = Runner(None, progress=False, evaluate_fn=evaluate)
-    goodput_study(ctx, ["qwen2.5-32b"], ["azure-conv"], ["TP", "DCP_pred"], slo_scales=(1.0, 0.5),
-                  full_sweep=False, extend=False, stop_early=True)
-    figs = []
+        ctx = Context(tmp_path, quick=True, progress=False, seeds=(1, 2))
+        ctx._runner = Runner(None, progress=False, evaluate_fn=evaluate)
+        goodput_study(ctx, ["qwen2.5-32b"], ["azure-conv"], ["TP", "DCP_pred"], **kwargs)
+        return seen
 
-    def evaluate_figs(table):
-        figs.append(table)
-        return fake_eval(2.5)(table)
-
-    ctx2 = Context(tmp_path, quick=True, progress=False, seeds=(1, 2))
-    ctx2._runner = Runner(None, progress=False, evaluate_fn=evaluate_figs)
-    goodput_study(ctx2, ["qwen2.5-32b"], ["azure-conv"], ["TP", "DCP_pred"], full_sweep="first-seed")
+    seen = study(slo_scales=(1.0, 0.5), full_sweep=False, extend=False, stop_early=True)
+    figs = study(full_sweep="first-seed")
     fig_ids = {point_id(t) for t in figs}
     for t in seen:
         dynamic = t["scheduler"]["chunk_policy"]["name"] != "static"
