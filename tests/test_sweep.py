@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 
@@ -9,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sim.sweep import Runner, Search, goodput_searches, mean_ci, meets_slo, point_id
+from sim.sweep import Runner, Search, evaluate, goodput_searches, mean_ci, meets_slo, point_id
 
 from conftest import make_config
 
@@ -96,21 +97,31 @@ def small_table(rate):
                          "input_range": [10, 600], "output_range": [2, 30]}} if cfg else None
 
 
+def with_siblings(tables):
+    """`tables` plus, for the first one, two siblings at other SLOs (one lock-step run)."""
+    out = list(tables)
+    for ttft in (500.0, 100.0):
+        t = copy.deepcopy(tables[0])
+        t["slo"] = {"ttft_ms": ttft, "tpot_ms": 50.0, "stop_when_violated": True}
+        out.append(t)
+    return out
+
+
 def test_process_pool_matches_in_process(tmp_path):
-    tables = [small_table(r) for r in (1.0, 2.0, 3.0)]
+    tables = with_siblings([small_table(r) for r in (1.0, 2.0, 3.0)])
     serial = Runner(None, jobs=1, progress=False).run(tables)
     parallel = Runner(tmp_path / "c.jsonl", jobs=2, progress=False).run(tables)
-    assert serial == parallel
+    assert serial == parallel == [evaluate(t) for t in tables]
 
 
 def test_ray_executor_on_a_local_instance(tmp_path):
     ray = pytest.importorskip("ray", reason="Ray is an optional extra (pip install '.[ray]')")
-    tables = [small_table(r) for r in (1.0, 2.0)]
+    tables = with_siblings([small_table(r) for r in (1.0, 2.0)])
     try:
         out = Runner(tmp_path / "r.jsonl", jobs=2, executor="ray", progress=False).run(tables)
     finally:
         ray.shutdown()
-    assert out == Runner(None, progress=False).run(tables)
+    assert out == Runner(None, progress=False).run(tables) == [evaluate(t) for t in tables]
 
 
 def test_mean_ci():
