@@ -91,7 +91,8 @@ def goodput_study(ctx: Context, models, workloads, schemes, slo_scales=(1.0,), d
     1.0 without `extra` is the goodput figures' (fig9/fig10) run; the pass/fail verdict applies
     each search's own SLO to the shared summary. `stop_early` (stop a run once its P90 is certain
     to miss the SLO) applies only to the runs no other study shares: a stopped run knows only
-    that it failed its own table's SLO.
+    that it failed its own table's SLO. A static scheme's bisection points at a tighter scale
+    are rarely another study's runs: they stop early too, unless the shared run is cached.
 
     Returns (per-rate rows, goodput rows) as DataFrames."""
     first_seed = ctx.seeds[0]
@@ -108,15 +109,20 @@ def goodput_study(ctx: Context, models, workloads, schemes, slo_scales=(1.0,), d
                             table = scheme_table(sch, model, wtable, seed=seed, slo_scale=1.0 if static else scale,
                                                  extra=extra)
                             shared = extra is None and (static or scale == 1.0)
-                            if stop_early and not shared:  # pass/fail is all a goodput-only figure needs
-                                table["slo"].update(ttft_ms=2000.0 * scale, tpot_ms=200.0 * scale,
-                                                    stop_when_violated=True)
+                            stopping = copy.deepcopy(table)  # pass/fail is all a goodput-only figure needs
+                            stopping["slo"].update(ttft_ms=2000.0 * scale, tpot_ms=200.0 * scale,
+                                                   stop_when_violated=True)
+                            if stop_early and not shared:
+                                table = stopping
+                            # a shared static run off the sweep (a bisection point of a tighter
+                            # scale) is rarely anyone else's: it stops early unless already cached
+                            probe = stopping if stop_early and shared and scale != 1.0 else None
                             chunk = table["scheduler"]["chunk_size_tokens"] if static else "dynamic"
                             label = {"model": model, "workload": wl, "scheme": sch, "group": scheme,
                                      "chunk": chunk, "slo_scale": scale, "seed": seed}
                             full = full_sweep is True or (full_sweep == "first-seed" and seed == first_seed)
                             searches.append(Search(label, table, rates, 2000.0 * scale, 200.0 * scale,
-                                                   full_sweep=full))
+                                                   full_sweep=full, probe_table=probe))
     top = max(max(s.rates) for s in searches)
     max_rate = MAX_RATE_FACTOR * top if extend else top
     good = pd.DataFrame(goodput_searches(ctx.runner, searches, tol=ctx.tol, desc=desc, max_rate=max_rate))

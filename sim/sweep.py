@@ -207,6 +207,10 @@ class Runner:
             finally:
                 os.close(fd)  # releases the lock
 
+    def has(self, table: dict) -> bool:
+        """Whether `table`'s summary is cached (as of the last read of the cache file)."""
+        return point_id(table) in self.cache
+
     def run(self, tables: list[dict], desc: str = "points") -> list[dict]:
         self._load()
         ids = [point_id(t) for t in tables]
@@ -349,6 +353,10 @@ class Search:
     min_window_s: float | None = None  # None: the sweep's window at its highest rate (see `window_s`)
     slo: SLO | None = None
     full_sweep: bool | None = None  # None: as `goodput_searches` is told
+    # For rates off the sweep (extension, bisection): a cheaper table giving the same verdict
+    # under `slo` (e.g. `table` with an early stop at `slo`), used unless `table` at that rate is
+    # already cached. None: `table` everywhere.
+    probe_table: dict | None = None
 
     def __post_init__(self) -> None:
         if self.slo is None:
@@ -368,8 +376,11 @@ class Search:
         n = self.table.get("workload", {}).get("num_requests")
         return n / max(self.rates) if isinstance(n, int) and n > 0 and self.rates else 0.0
 
-    def at(self, rate: float) -> dict:
-        return with_rate(self.table, rate, self.window_s)
+    def at(self, rate: float, cached: Callable[[dict], bool] | None = None) -> dict:
+        t = with_rate(self.table, rate, self.window_s)
+        if self.probe_table is None or rate in self.rates or (cached is not None and cached(t)):
+            return t
+        return with_rate(self.probe_table, rate, self.window_s)
 
 
 def goodput_searches(runner: Runner, searches: list[Search], tol: float = 0.05, desc: str = "goodput",
@@ -448,7 +459,7 @@ def parse_rates(text: str, flag: str = "--rates") -> list[float]:
 def _probe(runner: Runner, probes: list[tuple[Search, float]], desc: str, fail_flag: str = "") -> None:
     """Run one rate per search in one parallel batch; a pass raises the search's lower bound,
     a failure lowers its upper bound (and sets `fail_flag`, if given)."""
-    res = runner.run([s.at(r) for s, r in probes], desc=desc)
+    res = runner.run([s.at(r, runner.has) for s, r in probes], desc=desc)
     for (s, r), out in zip(probes, res):
         s.results[r] = out
         if meets_slo(out, s.slo):

@@ -292,12 +292,25 @@ def test_studies_share_runs_that_do_not_read_the_slo(tmp_path):
     for t in seen:
         dynamic = t["scheduler"]["chunk_policy"]["name"] != "static"
         scaled = t["slo"]["ttft_ms"] != 2000.0
-        if dynamic and scaled:
+        off_sweep = t["workload"]["rate_rps"] not in (1, 3, 5, 7, 9)  # the quick sweep's rates
+        if scaled and (dynamic or off_sweep):
             assert t["slo"]["stop_when_violated"] is True and t["slo"]["ttft_ms"] == 1000.0
         else:
             assert "stop_when_violated" not in t["slo"] and t["slo"]["ttft_ms"] == 2000.0
-            assert point_id(t) in fig_ids or t["workload"]["rate_rps"] != int(t["workload"]["rate_rps"])
+            assert point_id(t) in fig_ids or off_sweep
     # the per-rate study: the first seed runs every integer rate, the second stops climbing
     rates = {s: {t["workload"]["rate_rps"] for t in figs if t["seed"] == s and t["parallel"]["tp"] == 4}
              for s in (1, 2)}
     assert {1.0, 3.0, 5.0, 7.0, 9.0} <= rates[1] and 9.0 not in rates[2]
+
+
+def test_off_sweep_probes_use_the_cheaper_table_unless_the_shared_one_is_cached():
+    runner = Runner(None, progress=False, evaluate_fn=fake_eval(2.5))
+    table = {"workload": {"num_requests": 10}}
+    probe = {"workload": {"num_requests": 10}, "slo": {"stop_when_violated": True}}
+    s = Search({}, table, [1, 2, 3], probe_table=probe)
+    assert "slo" not in s.at(2) and s.at(2.5)["slo"]["stop_when_violated"]
+    runner.run([dict(table, workload={"num_requests": 10, "rate_rps": 2.5})])
+    assert "slo" not in s.at(2.5, runner.has)  # the shared run at 2.5 is cached: use it
+    (res,) = goodput_searches(Runner(None, progress=False, evaluate_fn=fake_eval(2.5)), [s], tol=0.05)
+    assert 2.45 <= res["goodput_rps"] <= 2.5
