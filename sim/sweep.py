@@ -5,7 +5,8 @@ search the goodput (the highest rate at which P90 TTFT and P90 TPOT meet the SLO
   interrupted half-way resumes where it stopped: finished points are read back from the
   cache file (JSON lines, appended and flushed as each point completes).
 - Siblings: points that differ only in their [slo] table are simulated as one lock-step run
-  (`evaluate_siblings`, sim/engine/lockstep.py); the run stands for a sibling only where it is
+  (`evaluate_siblings`, sim/engine/lockstep.py), and static-chunk points that differ only in
+  their chunk as one run at the largest chunk; the run stands for a sibling only where it is
   exactly that sibling's own run, and the others are simulated afterwards, so every cached
   summary is the one its own simulation gives.
 - Executors: in-process (jobs = 1), local processes (`jobs` > 1, the default), or a Ray
@@ -71,10 +72,11 @@ def evaluate(table: dict) -> dict:
 
 
 def evaluate_siblings(tables: list[dict]) -> list[dict | None]:
-    """Run `tables[0]` once, in lock step with the same config at each other table's SLO (the
-    tables differ only in [slo]; sim/engine/lockstep.py). Returns each table's summary, or None
-    for a table whose own run this one was not exactly (a decision differed, or its early-stop
-    guard would have stopped it)."""
+    """Run `tables[0]` once for all `tables`, which differ from it either only in [slo] or, with
+    a static chunk policy, only in the chunk size. SLO siblings run in lock step beside it
+    (sim/engine/lockstep.py); a chunk sibling is this very run when the chunk budget never bound
+    and its chunk is at least the budget every batch needed (sim/engine/scheduler.py). Returns
+    each table's summary, or None for a table whose own run this one was not exactly."""
     from dataclasses import replace
 
     from sim.config import config_from_table
@@ -82,25 +84,67 @@ def evaluate_siblings(tables: list[dict]) -> list[dict | None]:
     from sim.metrics import summarize
 
     cfgs = [config_from_table(t) for t in tables]
-    res = run(cfgs[0], alt_slos=tuple(c.slo for c in cfgs[1:]))
+    chunk = cfgs[0].scheduler.chunk_size_tokens
+    by_slo = [i for i in range(1, len(cfgs)) if cfgs[i].scheduler.chunk_size_tokens == chunk]
+    res = run(cfgs[0], alt_slos=tuple(cfgs[i].slo for i in by_slo))
+    same = dict(zip(by_slo, res.extras["alternates"]))
+    ex = res.extras
     out = [_plain(summarize(res))]
-    for cfg, same in zip(cfgs[1:], res.extras["alternates"]):
-        out.append(_plain(summarize(replace(res, config=cfg))) if same else None)
+    for i in range(1, len(cfgs)):
+        ok = same[i] if i in same else (not ex["chunk_bound"] and cfgs[i].scheduler.chunk_size_tokens >= ex["chunk_need"])
+        out.append(_plain(summarize(replace(res, config=cfgs[i]))) if ok else None)
     return out
 
 
-def _sibling_key(table: dict) -> str:
-    """Tables with equal keys are one simulation but for their SLO."""
-    return point_id({k: v for k, v in table.items() if k != "slo"})
+def _without(table: dict, static_chunk: bool) -> dict:
+    t = {k: v for k, v in table.items() if k != "slo"}
+    if static_chunk:
+        t["scheduler"] = {k: v for k, v in t["scheduler"].items() if k != "chunk_size_tokens"}
+    return t
+
+
+def _static_chunk(table: dict) -> bool:
+    """A static chunk policy taking its chunk from [scheduler] chunk_size_tokens."""
+    sc = table.get("scheduler")
+    if not isinstance(sc, dict):
+        return False
+    pol = sc.get("chunk_policy", {})
+    return isinstance(pol, dict) and pol.get("name", "static") == "static" and not pol.get("params")
+
+
+def _chunk(table: dict):
+    return table.get("scheduler", {}).get("chunk_size_tokens")
+
+
+def _sibling_groups(tables: dict[str, dict]) -> list[list[str]]:
+    """Point ids grouped into sibling sets, each a list with its primary first: points that
+    differ only in [slo], or (static chunk) only in the chunk size. A set mixing both kinds is
+    split by chunk into SLO sets."""
+    groups: dict[str, list[str]] = {}
+    for pid, t in tables.items():
+        groups.setdefault(point_id(_without(t, _static_chunk(t))), []).append(pid)
+    out = []
+    for pids in groups.values():
+        chunks = {json.dumps(_chunk(tables[p])) for p in pids}
+        slos = {json.dumps(tables[p].get("slo"), sort_keys=True) for p in pids}
+        if len(chunks) > 1 and len(slos) > 1:
+            by_chunk: dict[str, list[str]] = {}
+            for p in pids:
+                by_chunk.setdefault(json.dumps(_chunk(tables[p])), []).append(p)
+            out += list(by_chunk.values())
+        else:
+            out.append(pids)
+    return [sorted(g, key=lambda p: _primary_rank(tables[p])) for g in out]
 
 
 def _primary_rank(table: dict) -> tuple:
-    """The sibling to simulate for real: one that runs to the end (no early stop), else the
-    loosest SLO (the least likely to stop, and every tighter sibling's guard can still be
-    checked beside it)."""
+    """The sibling to simulate for real: one that runs to the end (no early stop), then the
+    largest chunk (the least likely to be bound by its budget), then the loosest SLO (the least
+    likely to stop, and every tighter sibling's guard can still be checked beside it)."""
     slo = table.get("slo", {})
-    return (bool(slo.get("stop_when_violated", False)), -float(slo.get("ttft_ms", 2000.0)),
-            -float(slo.get("tpot_ms", 200.0)), point_id(table))
+    chunk = _chunk(table)
+    return (bool(slo.get("stop_when_violated", False)), -(chunk if isinstance(chunk, (int, float)) else 0),
+            -float(slo.get("ttft_ms", 2000.0)), -float(slo.get("tpot_ms", 200.0)), point_id(table))
 
 
 def _plain(summary: dict) -> dict:
@@ -242,10 +286,7 @@ class Runner:
     def _tasks(self, todo: dict[str, dict]) -> list[list[str]]:
         if self.evaluate_fn is not evaluate:  # other evaluators return other things: one run each
             return [[pid] for pid in todo]
-        groups: dict[str, list[str]] = {}
-        for pid, t in todo.items():
-            groups.setdefault(_sibling_key(t), []).append(pid)
-        return [sorted(pids, key=lambda p: _primary_rank(todo[p])) for pids in groups.values()]
+        return _sibling_groups(todo)
 
     def _call(self, pids: list[str], todo: dict[str, dict]) -> tuple[Callable, Any]:
         if len(pids) == 1:

@@ -144,3 +144,37 @@ def test_alternate_guards_are_checked_but_never_stop_the_run():
     g.finished(object())
     assert g.tripped == [True, False, False]
     assert [a.done for a in g.alts[:2]] == [1, 1]
+
+
+# -- chunk siblings: static-chunk runs that differ only in their chunk --
+
+@pytest.mark.parametrize("workload,rate", [("azure-conv-synth", 1.0), ("azure-conv-synth", 8.0), ("sharegpt", 2.0)])
+def test_a_served_chunk_sibling_is_exactly_its_own_run(workload, rate):
+    tables = [scheme_table(f"PP_{c}", "qwen2.5-32b", {"name": workload, "num_requests": 150, "rate_rps": rate},
+                           seed=2) for c in (2048, 1024, 512, 256, 128)]
+    sib = evaluate_siblings(tables)
+    own = [evaluate(t) for t in tables]
+    for s, o in zip(sib, own):
+        if s is not None:
+            assert same(s, o)
+    assert sib[0] is not None
+    # a chunk below what some batch used is never served
+    for s, c in zip(sib, (2048, 1024, 512, 256, 128)):
+        if c <= 256 and workload == "azure-conv-synth":
+            assert s is None
+
+
+def test_chunk_siblings_at_low_load_are_served_and_grouped():
+    tables = [scheme_table(f"PP_{c}", "qwen2.5-32b", {"name": "sharegpt", "num_requests": 150, "rate_rps": 1.0},
+                           seed=2) for c in (512, 1024, 2048)]
+    runner = Runner(None, jobs=1, progress=False)
+    tasks = runner._tasks({point_id(t): t for t in tables})
+    assert len(tasks) == 1 and tasks[0][0] == point_id(tables[2])  # the largest chunk runs for real
+    from sim.config import config_from_table
+    from sim.engine.run import run
+
+    ex = run(config_from_table(tables[2])).extras
+    assert not ex["chunk_bound"] and 512 < ex["chunk_need"] <= 1024  # sharegpt prompts at 1 req/s
+    sib = evaluate_siblings([tables[2], tables[1], tables[0]])
+    assert [s is not None for s in sib] == [True, True, False]
+    assert runner.run(tables) == [evaluate(t) for t in tables]

@@ -204,6 +204,10 @@ def run(cfg: RunConfig, requests: list[RequestSpec] | RequestArrays | None = Non
         host_s=log.columns["host_s"] if keep_iterations else [],
         extras={"stage_layers": list(getattr(latency, "layers", [])),
                 "num_kv_exhausted": sum(p.sched.kv_exhausted_events for p in pipes),
+                # with a static chunk: this run is exactly the run at any chunk >= chunk_need
+                # unless the budget ever bound (sim/engine/scheduler.py)
+                "chunk_bound": any(p.sched.chunk_bound for p in pipes),
+                "chunk_need": max(p.sched.chunk_need for p in pipes),
                 "alternates": ([a and not t for a, t in zip(lockstep.alive, guard.tripped)]
                                if lockstep is not None else [False] * len(alt_slos))},
     )

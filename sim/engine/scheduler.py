@@ -80,6 +80,11 @@ class Scheduler:
         self.tpot_samples = array("d")
         self.num_finished = 0
         self.retractions = 0
+        # Whether the chunk budget ever shaped a batch (a prompt cut, or admission stopped by the
+        # budget), and the smallest budget that would have formed every batch alike: a static-
+        # chunk run that was never bound is exactly the run of any chunk >= chunk_need.
+        self.chunk_bound = False
+        self.chunk_need = 0
 
     # ------------------------------------------------------------------ helpers
     def add_waiting(self, req: Req) -> None:
@@ -211,8 +216,12 @@ class Scheduler:
                 if res is NO_TOKEN:
                     self.batch_is_full = True
                 break
+        if adder.bound:
+            self.chunk_bound = True
         if not adder.can_run:
             return None
+        # one token of budget to spare, or the budget itself would have ended the admission
+        self.chunk_need = max(self.chunk_need, self.chunk_size - adder.rem_chunk + 1)
         if self.retract_on_kv_exhausted:
             need = sum(new for _req, new in adder.can_run)
             if slot.running is not None:
@@ -382,6 +391,7 @@ class PrefillAdder:
         self.new_chunked: Req | None = None
         self.states: list[tuple[float, int]] | None = None
         self.admitted_last = 0
+        self.bound = False  # the chunk budget cut a prompt or ended the admission
 
     @property
     def rem_total(self) -> float:
@@ -405,6 +415,7 @@ class PrefillAdder:
         if self.rem_total <= 0 or self.cur_rem <= 0:
             return NO_TOKEN
         if self.rem_input <= 0 or self.rem_chunk <= 0:
+            self.bound = True
             return OTHER
         return CONTINUE
 
@@ -415,6 +426,7 @@ class PrefillAdder:
         # non-positive extend; the chunk then waits for a later slot (0 tokens here).
         new = max(0, min(remaining, self.rem_chunk))
         truncated = remaining > new
+        self.bound = True  # (a request is being chunked: the budget cut it)
         self._take(new, 0 if truncated else min(req.max_new, CLIP_MAX_NEW_TOKENS))
         if new > 0:
             self.can_run.append((req, new))
@@ -475,6 +487,7 @@ class PrefillAdder:
             self.can_run.append((req, new))
             self._take(new, min(req.max_new, CLIP_MAX_NEW_TOKENS))
         else:
+            self.bound = True
             if self.rem_chunk <= 0:
                 return OTHER
             cut = self.rem_chunk
