@@ -53,6 +53,9 @@ class LockstepChunkPolicy:
             if alt.initial_chunk() != first:
                 state.alive[i] = False
         self.never_decides = all(getattr(p, "never_decides", False) for p in [primary, *alternates])
+        # decide only every n-th step if every member does (else at every step, as the default)
+        every = {getattr(p, "decides_every_steps", 1) for p in [primary, *alternates]}
+        self.decides_every_steps = every.pop() if len(every) == 1 else 1
         if any(hasattr(p, "observe") for p in [primary, *alternates]):
             self.observe = self._observe
 
