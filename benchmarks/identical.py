@@ -18,6 +18,7 @@ import argparse
 import contextlib
 import io
 import os
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -65,6 +66,7 @@ def main() -> None:
         table = scheme_table(scheme, model, workload, seed=1, extra=extra)
         cfg = out / f"{name}.toml"
         cfg.write_text(tomlio.dumps(table))
+        shutil.rmtree(out / name, ignore_errors=True)  # (ppsim refuses a folder holding stdout.txt)
         buf = io.StringIO()
         t0 = time.process_time()
         with contextlib.redirect_stdout(buf):
