@@ -84,8 +84,8 @@ class Watch:
         # its token returns (sim/engine/scheduler.py): count the slots in between.
         self.in_flight: dict[int, int] = {}
 
-        def alloc_decode(s, reqs, what, now_s):
-            ctx = watch._alloc(s, reqs, what, now_s)
+        def alloc_decode(s, reqs, what, now_s, ctx=None):
+            ctx = watch._alloc(s, reqs, what, now_s, ctx)
             watch.in_flight[id(s)] = watch.in_flight.get(id(s), 0) + len(reqs)
             return ctx
 

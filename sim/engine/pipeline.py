@@ -223,8 +223,11 @@ class Pipeline:
         horizon = self.horizon_s
         idle_turns = 0
         k = 0
-        # a policy that declares it never changes the chunk is not shown a view every iteration
+        # a policy that declares it never changes the chunk is not shown a view every iteration,
+        # nor one that declares it decides only every n-th step at the others
         decide = None if getattr(self.policy, "never_decides", False) else self.policy.decide
+        every = getattr(self.policy, "decides_every_steps", 1)
+        stage_times = self.latency.stage_times
         while True:
             now = env.now
             if horizon and now >= horizon:
@@ -249,18 +252,18 @@ class Pipeline:
                     yield self.inbox.wait()
                 continue
             slot = k % P
-            if decide is not None:
+            if decide is not None and self.step % every == 0:
                 decision = decide(self._view(now, slot))
                 if decision is not None:
                     self._apply_decision(decision, now, slot)
-            kv_used = sched.kv_used()
+            kv_used = sched.kv_capacity - sched.kv_free  # (sched.kv_used(), inlined)
             try:
                 mb = sched.form_batch(slot, now, self._rebalance_at(now) if self.rebalancer else None)
             except RunFailed as exc:
                 self.status, self.reason = "failed", str(exc)
                 break
             if mb is not None:
-                mb.stage_s = self.latency.stage_times(mb.stats)
+                mb.stage_s = stage_times(mb.stats)
                 idle_turns = 0
             inflight.appendleft(mb)
             if mb is None and not any(inflight):

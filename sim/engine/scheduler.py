@@ -42,13 +42,21 @@ class Slot:
     """Per-slot state: `running` is SGLang's running_batch (None while a mixed/extend
     micro-batch of this slot is in flight), `last` the micro-batch last launched."""
 
-    __slots__ = ("index", "running", "last", "cycle_start_s")
+    __slots__ = ("index", "running", "last", "cycle_start_s", "sampled", "sampled_ctx", "sampled_done")
 
     def __init__(self, index: int) -> None:
         self.index = index
         self.running: list[Req] | None = None
         self.last: MicroBatch | None = None
         self.cycle_start_s: float | None = None  # previous result time of this slot's batch
+        # What the token emission of the slot's last decode batch learnt about its running list
+        # (that batch's `decodes`, the very list object): the summed context of the requests
+        # that did not finish and how many finished. Valid only while `running is sampled`
+        # (every change to the running list makes a new list or clears `sampled`), so the next
+        # batch needs no walk for the filter or the context sum.
+        self.sampled: list[Req] | None = None
+        self.sampled_ctx = 0
+        self.sampled_done = 0
 
 
 class Scheduler:
@@ -104,9 +112,21 @@ class Scheduler:
         self.kv_free -= tokens
         req.kv_held += tokens
 
-    def _alloc_decode(self, reqs: list[Req], what: str, now_s: float) -> int:
+    def _live(self, slot: Slot) -> tuple[list[Req], int | None]:
+        """The slot's running requests that have not finished, and their summed context (None:
+        unknown, to be summed). After a decode batch of the slot was sampled both are known
+        (`Slot.sampled`): the list itself when nothing finished, else a filtered copy."""
+        running = slot.running
+        if running is slot.sampled:
+            if slot.sampled_done == 0:
+                return running, slot.sampled_ctx
+            return [r for r in running if not r.finished], slot.sampled_ctx
+        return [r for r in running if not r.finished], None
+
+    def _alloc_decode(self, reqs: list[Req], what: str, now_s: float, ctx: int | None = None) -> int:
         """One KV slot per decode request (prepare_for_decode), checked once for the batch.
-        Returns the requests' summed context (prompt + output), which the batch stats need."""
+        Returns the requests' summed context (prompt + output), which the batch stats need
+        (`ctx` when the caller knows it already)."""
         if len(reqs) > self.kv_free:
             raise RunFailed(
                 f"KV allocation failed at t={now_s:.3f}s in a {what} batch: {len(reqs)} decode tokens "
@@ -115,6 +135,8 @@ class Scheduler:
         self.kv_free -= len(reqs)
         # NOTE: each request's own count (kv_held) takes the slot when its token comes back
         # (process_result): it is only read to free a request, never while its batch is in flight.
+        if ctx is not None:
+            return ctx
         ctx = 0
         for r in reqs:
             ctx += r.prompt_len + r.out_len
@@ -154,6 +176,7 @@ class Scheduler:
 
     def _apply_move(self, slot: Slot, move) -> None:
         """Pause a running request of `slot` into the pending list, or resume one into it."""
+        slot.sampled = None  # the running list changes in place
         if move.to_pending:
             req = next(r for r in slot.running if r.rid == move.req_id)
             slot.running.remove(req)
@@ -183,6 +206,7 @@ class Scheduler:
                 slot.running = kept
             else:
                 slot.running.extend(kept)
+        slot.sampled = None  # (the running list may have grown in place)
         slot.last = None
 
     def _reserved_output_tokens(self) -> float:
@@ -251,9 +275,9 @@ class Scheduler:
         mode = EXTEND
         ctx = 0
         if slot.running is not None:
-            live = [r for r in slot.running if not r.finished]
+            live, known = self._live(slot)
             if live:
-                ctx = self._alloc_decode(live, "mixed", now_s)
+                ctx = self._alloc_decode(live, "mixed", now_s, known)
                 decodes = live
                 mode = MIXED
             slot.running = None
@@ -265,7 +289,7 @@ class Scheduler:
         if slot.running is None:
             return None
         before = len(slot.running)
-        live = [r for r in slot.running if not r.finished]
+        live, ctx = self._live(slot)
         if not live:
             self.batch_is_full = False
             slot.running = None
@@ -275,6 +299,7 @@ class Scheduler:
             self.batch_is_full = False
         if self.kv_free < len(live):
             live = self._retract(live)
+            ctx = None  # (fewer requests now)
             self.batch_is_full = False
             if self.retract_on_kv_exhausted and self.kv_free < len(live):
                 # the last request cannot decode either (the artifact exits): requeue it too
@@ -288,7 +313,7 @@ class Scheduler:
                 return None
         else:
             self.new_token_ratio = max(self.new_token_ratio - NEW_TOKEN_RATIO_DECAY, MIN_NEW_TOKEN_RATIO)
-        ctx = self._alloc_decode(live, "decode", now_s)
+        ctx = self._alloc_decode(live, "decode", now_s, ctx)
         slot.running = live
         return MicroBatch(self.num_launched, slot.index, DECODE, [], live, None, self.chunk_size, decode_ctx=ctx)
 
@@ -336,16 +361,26 @@ class Scheduler:
             if req is not chunked:
                 self._emit(req, now_s)
         # the hot loop: _emit inlined for decodes (they already have their first token)
-        for req in mb.decodes:
+        decodes = mb.decodes
+        done = done_ctx = 0
+        for req in decodes:
             req.kv_held += 1  # the KV slot allocated when the batch was formed (_alloc_decode)
             out = req.out_len + 1
             req.out_len = out
             if req.first_token_s is None or out >= req.max_new:
                 req.out_len = out - 1
                 self._emit(req, now_s)
+                if req.finished:
+                    done += 1
+                    done_ctx += req.prompt_len + req.out_len
             else:  # a middle token: its gap to the previous one (the streaming client's ITL)
                 req.itls.append(now_s - req.last_token_s)
                 req.last_token_s = now_s
+        if decodes is slot.running:
+            # a decode batch: every request's context grew by one; the finished ones leave
+            slot.sampled = decodes
+            slot.sampled_ctx = mb.stats.sum_decode_ctx + len(decodes) - done_ctx
+            slot.sampled_done = done
 
     def _emit(self, req: Req, now_s: float) -> None:
         req.out_len += 1

@@ -74,7 +74,8 @@ class MicroBatch:
     `chunked` is the request whose prompt was cut by this micro-batch (it emits no token).
     """
 
-    __slots__ = ("index", "slot", "mode", "prefill", "decodes", "chunked", "stats", "stage_s", "chunk_size")
+    __slots__ = ("index", "slot", "mode", "prefill", "decodes", "chunked", "stats", "stage_s", "chunk_size",
+                 "infos")
 
     def __init__(self, index: int, slot: int, mode: str, prefill: list, decodes: list,
                  chunked: Req | None, chunk_size: int, decode_ctx: int | None = None) -> None:
@@ -97,6 +98,9 @@ class MicroBatch:
                 ctx += r.prompt_len + r.out_len
         self.stats = BatchStats(tokens, len(prefill), c2, cp, len(decodes), ctx)
         self.stage_s: tuple[float, ...] = ()
+        # its policy descriptions (view.BatchInfo.of), made once: a batch in flight is described
+        # to the predictive policy at every iteration it spends in the pipeline
+        self.infos: tuple | None = None
 
     @property
     def num_reqs(self) -> int:

@@ -39,12 +39,23 @@ class BatchInfo:
 
     @classmethod
     def of(cls, mb: MicroBatch, sched: Scheduler) -> "BatchInfo":
-        st = mb.stats
-        own = sched.chunked is not None and mb.chunked is sched.chunked and sched.chunked.slot == mb.slot
-        n = mb.num_reqs
-        holds = mb.chunked is not None and any(p[0] is mb.chunked for p in mb.prefill)
-        return cls(mb.slot, mb.mode, st.num_tokens, st.num_decode, st.sum_decode_ctx, st.sum_c2, st.sum_cp,
-                   n, n - (1 if own and holds else 0), holds)
+        # Everything but `num_reqs_own` is fixed once the batch is formed, and that one only
+        # depends on whether the scheduler's chunked request is still this batch's own: both
+        # variants are made once and kept on the batch (`mb.infos`; the records are frozen).
+        infos = mb.infos
+        if infos is None:
+            st = mb.stats
+            n = mb.num_reqs
+            holds = mb.chunked is not None and any(p[0] is mb.chunked for p in mb.prefill)
+            info = cls(mb.slot, mb.mode, st.num_tokens, st.num_decode, st.sum_decode_ctx, st.sum_c2, st.sum_cp,
+                       n, n, holds)
+            own = cls(mb.slot, mb.mode, st.num_tokens, st.num_decode, st.sum_decode_ctx, st.sum_c2, st.sum_cp,
+                      n, n - 1, holds) if holds else info
+            infos = mb.infos = (info, own)
+        chunked = sched.chunked
+        if chunked is not None and mb.chunked is chunked and chunked.slot == mb.slot:
+            return infos[1]
+        return infos[0]
 
 
 @dataclass(frozen=True, slots=True)

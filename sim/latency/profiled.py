@@ -475,10 +475,6 @@ class ProfiledLatencyModel:
         return StepTime(linear, attention, comm, overhead)
 
     def stage_times(self, st: BatchStats) -> tuple[float, ...]:
-        times = self._exact_times(st)
-        return times
-
-    def _exact_times(self, st: BatchStats) -> tuple[float, ...]:
         """`stage_time(st, s).total_s` for every stage, bit for bit, with the parts that depend
         only on the token count cached: the attention term is the only one that varies between
         batches of equal size (decode contexts), and it is the same for every stage."""
@@ -492,7 +488,7 @@ class ProfiledLatencyModel:
             self._parts[tokens] = parts
         att = self.attention_s(st)
         # same order of additions as StepTime.total_s
-        times = tuple(lin + n * att + comm + ov for n, lin, comm, ov in parts)
+        times = tuple([lin + n * att + comm + ov for n, lin, comm, ov in parts])
         if self.tp > 1:  # the logits all-gather depends on the sequences, not only the tokens
             gather = self.logits_gather_s(st.num_prefill + st.num_decode)
             times = times[:-1] + (times[-1] + gather,)

@@ -124,6 +124,12 @@ class GreedyChunk:
     def initial_chunk(self) -> int:
         return self.ctx.launch_chunk_tokens
 
+    @property
+    def decides_every_steps(self) -> int:
+        """`decide` returns None unless view.step is a multiple of this: the engine need not
+        build a view for it at the other steps."""
+        return self.every
+
     def decide(self, view) -> ChunkDecision | None:
         if view.step % self.every != 0:
             return None

@@ -74,6 +74,12 @@ class PredictiveChunk:
     def initial_chunk(self) -> int:
         return self.ctx.launch_chunk_tokens
 
+    @property
+    def decides_every_steps(self) -> int:
+        """`decide` returns None unless view.step is a multiple of this: the engine need not
+        build a view for it at the other steps."""
+        return self.every
+
     def observe(self, view, current, inflight, iteration_s: float) -> None:
         self.predictor.observe(current, inflight, iteration_s)
 

@@ -24,6 +24,8 @@ update in pure Python is faster than numpy's call overhead at this size.
 from __future__ import annotations
 
 import math
+from bisect import bisect_left
+from operator import attrgetter
 from typing import Callable, Sequence
 
 FORGET = 0.9975
@@ -133,10 +135,9 @@ class ALPPredictor:
     # -- sample selection (dynamic_chunk_controller.py, section 4.4) --
     def update_chunk(self, tokens: int) -> int:
         """u(N): the smallest candidate >= N, else the largest."""
-        for c in self.candidates:
-            if tokens <= c:
-                return c
-        return self.candidates[-1]
+        cands = self.candidates
+        i = bisect_left(cands, tokens)
+        return cands[i] if i < len(cands) else cands[-1]
 
     def _score(self, b) -> float:
         if self.rls.updates < self.warmup_updates:
@@ -145,13 +146,22 @@ class ALPPredictor:
 
     def select_snapshot(self, batches):
         """The heaviest in-flight micro-batch, or None when none is a prefill (no sample)."""
-        live = sorted((b for b in batches if b is not None and b.num_tokens > 0), key=lambda b: b.slot)
-        if not live or not any(b.mode != "decode" for b in live):
+        # (called every iteration: plain loops, the slot order only when there is a tie)
+        live = []
+        prefill = False
+        for b in batches:
+            if b is not None and b.num_tokens > 0:
+                live.append(b)
+                if b.mode != "decode":
+                    prefill = True
+        if not prefill:
             return None
-        top = max(self.update_chunk(b.num_tokens) for b in live)
+        # u(N) grows with N, so the top bucket is that of the largest batch
+        top = self.update_chunk(max(b.num_tokens for b in live))
         tied = [b for b in live if self.update_chunk(b.num_tokens) == top]
         if len(tied) == 1:
             return tied[0]
+        tied.sort(key=attrgetter("slot"))
         return max(tied, key=self._score)  # NOTE: max keeps the first (lowest slot) on ties
 
     def sample(self, current, inflight) -> tuple | None:
