@@ -4,9 +4,9 @@ search the goodput (the highest rate at which P90 TTFT and P90 TPOT meet the SLO
 - A *point* is a run-config table (plain dict). Its id is a hash of the table, so a sweep
   interrupted half-way resumes where it stopped: finished points are read back from the
   cache file (JSON lines, appended and flushed as each point completes).
-- Siblings: points that differ only in their [slo] table and, for dynamic chunk policies, in
-  the policy are simulated as one lock-step run (`evaluate_siblings`, sim/engine/lockstep.py),
-  and static-chunk points that differ only in their chunk as one run at the largest chunk; the run stands for a sibling only where it is
+- Siblings: points that differ only in their [slo] table are simulated as one lock-step run
+  (`evaluate_siblings`, sim/engine/lockstep.py), and static-chunk points that differ only in
+  their chunk as one run at the largest chunk; the run stands for a sibling only where it is
   exactly that sibling's own run, and the others are simulated afterwards, so every cached
   summary is the one its own simulation gives.
 - Executors: in-process (jobs = 1), local processes (`jobs` > 1, the default), or a Ray
@@ -72,12 +72,11 @@ def evaluate(table: dict) -> dict:
 
 
 def evaluate_siblings(tables: list[dict]) -> list[dict | None]:
-    """Run `tables[0]` once for all `tables`, which differ from it either in [slo] and (dynamic
-    chunk policies) the chunk policy, or (static chunk) only in the chunk size. The former run
-    in lock step beside it (sim/engine/lockstep.py); a chunk sibling is this very run when the
-    chunk budget never bound and its chunk is at least the budget every batch needed
-    (sim/engine/scheduler.py). Returns each table's summary, or None for a table whose own run
-    this one was not exactly."""
+    """Run `tables[0]` once for all `tables`, which differ from it either only in [slo] or, with
+    a static chunk policy, only in the chunk size. SLO siblings run in lock step beside it
+    (sim/engine/lockstep.py); a chunk sibling is this very run when the chunk budget never bound
+    and its chunk is at least the budget every batch needed (sim/engine/scheduler.py). Returns
+    each table's summary, or None for a table whose own run this one was not exactly."""
     from dataclasses import replace
 
     from sim.config import config_from_table
@@ -86,9 +85,9 @@ def evaluate_siblings(tables: list[dict]) -> list[dict | None]:
 
     cfgs = [config_from_table(t) for t in tables]
     chunk = cfgs[0].scheduler.chunk_size_tokens
-    lock = [i for i in range(1, len(cfgs)) if cfgs[i].scheduler.chunk_size_tokens == chunk]
-    res = run(cfgs[0], alternates=tuple((cfgs[i].slo, cfgs[i].scheduler.chunk_policy) for i in lock))
-    same = dict(zip(lock, res.extras["alternates"]))
+    by_slo = [i for i in range(1, len(cfgs)) if cfgs[i].scheduler.chunk_size_tokens == chunk]
+    res = run(cfgs[0], alt_slos=tuple(cfgs[i].slo for i in by_slo))
+    same = dict(zip(by_slo, res.extras["alternates"]))
     ex = res.extras
     out = [_plain(summarize(res))]
     for i in range(1, len(cfgs)):
@@ -97,32 +96,20 @@ def evaluate_siblings(tables: list[dict]) -> list[dict | None]:
     return out
 
 
-def _policy(table: dict) -> dict | None:
-    sc = table.get("scheduler")
-    pol = sc.get("chunk_policy", {}) if isinstance(sc, dict) else {}
-    return pol if isinstance(pol, dict) else None
+def _without(table: dict, static_chunk: bool) -> dict:
+    t = {k: v for k, v in table.items() if k != "slo"}
+    if static_chunk:
+        t["scheduler"] = {k: v for k, v in t["scheduler"].items() if k != "chunk_size_tokens"}
+    return t
 
 
 def _static_chunk(table: dict) -> bool:
     """A static chunk policy taking its chunk from [scheduler] chunk_size_tokens."""
-    pol = _policy(table)
-    return pol is not None and pol.get("name", "static") == "static" and not pol.get("params")
-
-
-def _dynamic(table: dict) -> bool:
-    pol = _policy(table)
-    return pol is not None and pol.get("name", "static") != "static"
-
-
-def _without(table: dict) -> dict:
-    """The part of a table its siblings share: all but [slo], and the chunk size (static chunk)
-    or the chunk policy (dynamic policies: they run in lock step)."""
-    t = {k: v for k, v in table.items() if k != "slo"}
-    drop = "chunk_size_tokens" if _static_chunk(table) else "chunk_policy" if _dynamic(table) else None
-    if drop:
-        t["scheduler"] = {k: v for k, v in t["scheduler"].items() if k != drop}
-        t["dynamic"] = drop == "chunk_policy"  # (never mix the two kinds)
-    return t
+    sc = table.get("scheduler")
+    if not isinstance(sc, dict):
+        return False
+    pol = sc.get("chunk_policy", {})
+    return isinstance(pol, dict) and pol.get("name", "static") == "static" and not pol.get("params")
 
 
 def _chunk(table: dict):
@@ -131,11 +118,11 @@ def _chunk(table: dict):
 
 def _sibling_groups(tables: dict[str, dict]) -> list[list[str]]:
     """Point ids grouped into sibling sets, each a list with its primary first: points that
-    differ only in [slo] and, for dynamic policies, the policy (one lock-step run), or, for a
-    static chunk, only in the chunk size. A static set mixing both kinds is split by chunk."""
+    differ only in [slo], or (static chunk) only in the chunk size. A set mixing both kinds is
+    split by chunk into SLO sets."""
     groups: dict[str, list[str]] = {}
     for pid, t in tables.items():
-        groups.setdefault(point_id(_without(t)), []).append(pid)
+        groups.setdefault(point_id(_without(t, _static_chunk(t))), []).append(pid)
     out = []
     for pids in groups.values():
         chunks = {json.dumps(_chunk(tables[p])) for p in pids}

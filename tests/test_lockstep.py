@@ -178,32 +178,3 @@ def test_chunk_siblings_at_low_load_are_served_and_grouped():
     sib = evaluate_siblings([tables[2], tables[1], tables[0]])
     assert [s is not None for s in sib] == [True, True, False]
     assert runner.run(tables) == [evaluate(t) for t in tables]
-
-
-# -- policy siblings: DCP_greedy and DCP_pred (same launch chunk) in one lock-step run --
-
-@pytest.mark.parametrize("rate", [1.0, 8.0])
-def test_policy_siblings_are_exact_and_grouped(rate):
-    tables = [scheme_table(s, "qwen2.5-32b", {"name": "azure-conv-synth", "num_requests": 120, "rate_rps": rate},
-                           seed=4, slo_scale=sc) for s in ("DCP_greedy", "DCP_pred") for sc in (1.0, 0.5)]
-    runner = Runner(None, jobs=1, progress=False)
-    tasks = runner._tasks({point_id(t): t for t in tables})
-    assert len(tasks) == 1 and len(tasks[0]) == 4
-    assert Runner(None, jobs=1, progress=False).run(tables) == [evaluate(t) for t in tables]
-    # DCP_pred+DS (a rebalancer) and the static chunks are never in a dynamic lock-step set
-    others = [scheme_table(s, "qwen2.5-32b", {"name": "azure-conv-synth", "num_requests": 120, "rate_rps": rate},
-                           seed=4) for s in ("DCP_pred+DS", "PP_128")]
-    tasks = runner._tasks({point_id(t): t for t in tables + others})
-    assert sorted(len(t) for t in tasks) == [1, 1, 4]
-
-
-def test_a_policy_that_never_changes_the_chunk_stands_for_one_that_does_not_either():
-    t = [scheme_table(s, "qwen2.5-32b", {"name": "sharegpt", "num_requests": 120, "rate_rps": 0.5}, seed=4)
-         for s in ("DCP_pred", "DCP_greedy")]
-    sib = evaluate_siblings(t)
-    own = [evaluate(x) for x in t]
-    assert same(sib[0], own[0])
-    if own[0]["num_chunk_decisions"] == 0 and own[1]["num_chunk_decisions"] == 0:
-        assert sib[1] is not None
-    if sib[1] is not None:
-        assert same(sib[1], own[1])

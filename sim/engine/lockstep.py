@@ -1,22 +1,19 @@
-"""One simulation for several SLOs and chunk policies, exactly.
+"""One simulation for several SLOs, exactly.
 
-Runs of one config that differ only in their SLO, or in their chunk policy, are the same
-simulation for as long as nothing that differs acts differently. In a run the SLO is read by
-the chunk policy and the rebalancer (built from it, through their `PolicyContext`), by the
-pipeline's initial TPOT signal (half the SLO; only a rebalancer reads it), by the early-stop
-guard and by the summary; the chunk policy acts on the run only through the chunk its
-decisions leave in force (and, with a rebalancer, the signals they publish).
+Runs of one config that differ only in their SLO are the same simulation for as long as
+nothing that reads the SLO acts differently. In a run the SLO is read by the chunk policy and
+the rebalancer (built from it, through their `PolicyContext`), by the pipeline's initial TPOT
+signal (half the SLO; only a rebalancer reads it), by the early-stop guard and by the summary.
 
-So a run can carry *alternates*: for each (SLO, chunk policy) pair, its own chunk policy (and
-rebalancer), called beside the real ones at every decision point on the view its own run would
-show them, and its own early-stop guard, checked at the real guard's check points without
-stopping anything. The first time an alternate's decision differs from the real one (the chunk it
+So a run can carry *alternates*: for each extra SLO, its own chunk policy (and rebalancer),
+called beside the real ones at every decision point on the view its own run would show them,
+and its own early-stop guard, checked at the real guard's check points without stopping
+anything. The first time an alternate's decision differs from the real one (the chunk it
 leaves in force; with a rebalancer also the published TPOT signal and every move), it is
 dropped. An alternate still standing at the end, whose guard never tripped, would have made
 this very run: its summary is this run's, summarised with its SLO (`sim.sweep`). Goodput
 studies over SLO scales use this: at low rates the dynamic policies often never decide
-differently across scales (nor DCP_greedy from DCP_pred: neither changes the chunk), and each
-such run would otherwise be simulated again.
+differently across scales, and each scale's run would otherwise be simulated again.
 """
 
 from __future__ import annotations
@@ -45,7 +42,7 @@ class Lockstep:
 
 
 class LockstepChunkPolicy:
-    """The real chunk policy, with one alternate policy per alternate run beside it."""
+    """The real chunk policy, with one alternate per extra SLO run beside it."""
 
     def __init__(self, primary, alternates: list, state: Lockstep) -> None:
         self.primary = primary
@@ -96,8 +93,8 @@ class LockstepChunkPolicy:
 
 
 class LockstepRebalancer:
-    """The real rebalancer, with one alternate per alternate run; an alternate whose moves
-    differ is dropped."""
+    """The real rebalancer, with one alternate per extra SLO; an alternate whose moves differ
+    is dropped."""
 
     def __init__(self, primary, alternates: list, state: Lockstep) -> None:
         self.primary = primary

@@ -100,16 +100,15 @@ def pool_sizes(cfg: RunConfig, latency) -> tuple[int, int, int, int]:
 
 
 def run(cfg: RunConfig, requests: list[RequestSpec] | RequestArrays | None = None,
-        keep_iterations: bool = True, alternates: tuple = ()) -> RunResult:
+        keep_iterations: bool = True, alt_slos: tuple = ()) -> RunResult:
     """Simulate one run. `requests` overrides the config's workload (used by sweeps).
 
     `keep_iterations=False` keeps only the per-iteration columns the summary reads, in
     temporary files (`ppsim run --no-iterations`): `iterations_frame` is then unavailable.
 
-    `alternates`: (SLO, chunk-policy spec) pairs this run is also simulated for, in lock step
-    (sim/engine/lockstep.py; one replica only). `extras["alternates"][i]` tells whether this run
-    is exactly the run of `cfg` with that SLO and chunk policy (every decision agreed and its
-    early-stop guard never tripped)."""
+    `alt_slos`: other SLOs this run is also simulated for, in lock step (sim/engine/lockstep.py;
+    one replica only). `extras["alternates"][i]` tells whether this run is exactly the run of
+    `cfg` with `alt_slos[i]` (every decision agreed and its early-stop guard never tripped)."""
     load_plugins(cfg.plugins.modules)  # idempotent; this is how worker processes get them
     if requests is None:
         requests = build_workload(cfg.workload, seed=cfg.seed)
@@ -130,13 +129,13 @@ def run(cfg: RunConfig, requests: list[RequestSpec] | RequestArrays | None = Non
         )
 
     context = context_of(cfg.slo, startup_noise)
+    params = dict(sc.chunk_policy.params)
+    if sc.chunk_policy.name == "static":
+        params.setdefault("chunk_size_tokens", sc.chunk_size_tokens)
 
-    def build_policies(ctx=context, spec=sc.chunk_policy):
+    def build_policies(ctx=context):
         """A fresh chunk controller (and rebalancer): every replica runs its own instances."""
-        params = dict(spec.params)
-        if spec.name == "static":
-            params.setdefault("chunk_size_tokens", sc.chunk_size_tokens)
-        policy = build_chunk_policy(spec.name, params, ctx, "config [scheduler.chunk_policy]")
+        policy = build_chunk_policy(sc.chunk_policy.name, params, ctx, "config [scheduler.chunk_policy]")
         rebalancer = None
         if sc.rebalancer is not None:
             rebalancer = build_rebalancer(sc.rebalancer.name, dict(sc.rebalancer.params), ctx,
@@ -148,7 +147,7 @@ def run(cfg: RunConfig, requests: list[RequestSpec] | RequestArrays | None = Non
     table = RequestTable(arrays, max_input, max_req_len)
     env = simpy.Environment()
     n = cfg.parallel.replicas
-    alternates = tuple(alternates) if n == 1 else ()
+    alt_slos = tuple(alt_slos) if n == 1 else ()
 
     def guard_of(slo):
         if not slo.stop_when_violated:
@@ -159,9 +158,9 @@ def run(cfg: RunConfig, requests: list[RequestSpec] | RequestArrays | None = Non
 
     guard = guard_of(cfg.slo)
     lockstep = None
-    if alternates:
-        guard = LockstepGuard(guard, [guard_of(slo) for slo, _ in alternates])
-        lockstep = Lockstep([0.5 * slo.tpot_ms / 1e3 for slo, _ in alternates], rebalanced=sc.rebalancer is not None)
+    if alt_slos:
+        guard = LockstepGuard(guard, [guard_of(s) for s in alt_slos])
+        lockstep = Lockstep([0.5 * s.tpot_ms / 1e3 for s in alt_slos], rebalanced=sc.rebalancer is not None)
     on_finish = table.finish
     if guard is not None:
         def on_finish(req, guard=guard):
@@ -172,8 +171,7 @@ def run(cfg: RunConfig, requests: list[RequestSpec] | RequestArrays | None = Non
         policy, rebalancer = build_policies()
         if lockstep is not None:
             # each alternate profiles on a fresh start-up stream, as its own run would
-            alts = [build_policies(context_of(slo, make_noise("startup") if make_noise else None), spec)
-                    for slo, spec in alternates]
+            alts = [build_policies(context_of(s, make_noise("startup") if make_noise else None)) for s in alt_slos]
             policy = LockstepChunkPolicy(policy, [a[0] for a in alts], lockstep)
             if rebalancer is not None:
                 rebalancer = LockstepRebalancer(rebalancer, [a[1] for a in alts], lockstep)
@@ -211,7 +209,7 @@ def run(cfg: RunConfig, requests: list[RequestSpec] | RequestArrays | None = Non
                 "chunk_bound": any(p.sched.chunk_bound for p in pipes),
                 "chunk_need": max(p.sched.chunk_need for p in pipes),
                 "alternates": ([a and not t for a, t in zip(lockstep.alive, guard.tripped)]
-                               if lockstep is not None else [False] * len(alternates))},
+                               if lockstep is not None else [False] * len(alt_slos))},
     )
 
 
