@@ -178,3 +178,14 @@ def test_chunk_siblings_at_low_load_are_served_and_grouped():
     sib = evaluate_siblings([tables[2], tables[1], tables[0]])
     assert [s is not None for s in sib] == [True, True, False]
     assert runner.run(tables) == [evaluate(t) for t in tables]
+
+
+def test_with_replicas_no_slo_sibling_is_served():
+    """Lock step runs one replica only: behind a router every SLO sibling runs on its own."""
+    for scheme, workload in (("DCP_pred", "azure-conv-synth"), ("PP_2048", "sharegpt")):
+        tables = siblings(scheme, 1.0, num=60, workload=workload)
+        for t in tables:
+            t["parallel"]["replicas"] = 2
+        sib = evaluate_siblings(tables)
+        assert sib[0] is not None and all(s is None for s in sib[1:])
+        assert same(sib[0], evaluate(tables[0]))

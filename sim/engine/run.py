@@ -147,6 +147,7 @@ def run(cfg: RunConfig, requests: list[RequestSpec] | RequestArrays | None = Non
     table = RequestTable(arrays, max_input, max_req_len)
     env = simpy.Environment()
     n = cfg.parallel.replicas
+    requested = len(alt_slos)  # each gets its verdict, False where none can be given
     alt_slos = tuple(alt_slos) if n == 1 else ()
 
     def guard_of(slo):
@@ -209,7 +210,7 @@ def run(cfg: RunConfig, requests: list[RequestSpec] | RequestArrays | None = Non
                 "chunk_bound": any(p.sched.chunk_bound for p in pipes),
                 "chunk_need": max(p.sched.chunk_need for p in pipes),
                 "alternates": ([a and not t for a, t in zip(lockstep.alive, guard.tripped)]
-                               if lockstep is not None else [False] * len(alt_slos))},
+                               if lockstep is not None else [False] * requested)},
     )
 
 
