@@ -108,15 +108,17 @@ def goodput_study(ctx: Context, models, workloads, schemes, slo_scales=(1.0,), d
                             static = sch == "TP" or sch.startswith("PP_")
                             table = scheme_table(sch, model, wtable, seed=seed, slo_scale=1.0 if static else scale,
                                                  extra=extra)
-                            shared = extra is None and (static or scale == 1.0)
-                            stopping = copy.deepcopy(table)  # pass/fail is all a goodput-only figure needs
-                            stopping["slo"].update(ttft_ms=2000.0 * scale, tpot_ms=200.0 * scale,
-                                                   stop_when_violated=True)
-                            if stop_early and not shared:
-                                table = stopping
-                            # a shared static run off the sweep (a bisection point of a tighter
-                            # scale) is rarely anyone else's: it stops early unless already cached
-                            probe = stopping if stop_early and shared and scale != 1.0 else None
+                            probe = None
+                            if stop_early:  # pass/fail is all a goodput-only figure needs
+                                stopping = copy.deepcopy(table)
+                                stopping["slo"].update(ttft_ms=2000.0 * scale, tpot_ms=200.0 * scale,
+                                                       stop_when_violated=True)
+                                if not (extra is None and (static or scale == 1.0)):  # nobody shares it
+                                    table = stopping
+                                elif scale != 1.0:
+                                    # a shared static run off the sweep (a bisection point of a tighter
+                                    # scale) is rarely anyone else's: it stops early unless cached
+                                    probe = stopping
                             chunk = table["scheduler"]["chunk_size_tokens"] if static else "dynamic"
                             label = {"model": model, "workload": wl, "scheme": sch, "group": scheme,
                                      "chunk": chunk, "slo_scale": scale, "seed": seed}

@@ -125,15 +125,11 @@ def _sibling_groups(tables: dict[str, dict]) -> list[list[str]]:
         groups.setdefault(point_id(_without(t, _static_chunk(t))), []).append(pid)
     out = []
     for pids in groups.values():
-        chunks = {json.dumps(_chunk(tables[p])) for p in pids}
+        by_chunk: dict = {}
+        for p in pids:
+            by_chunk.setdefault(_chunk(tables[p]), []).append(p)
         slos = {json.dumps(tables[p].get("slo"), sort_keys=True) for p in pids}
-        if len(chunks) > 1 and len(slos) > 1:
-            by_chunk: dict[str, list[str]] = {}
-            for p in pids:
-                by_chunk.setdefault(json.dumps(_chunk(tables[p])), []).append(p)
-            out += list(by_chunk.values())
-        else:
-            out.append(pids)
+        out += list(by_chunk.values()) if len(by_chunk) > 1 and len(slos) > 1 else [pids]
     return [sorted(g, key=lambda p: _primary_rank(tables[p])) for g in out]
 
 
@@ -280,9 +276,9 @@ class Runner:
                 bar.close()
         return [self.cache[pid] for pid in ids]
 
-    # A task is a list of point ids: one point, or sibling points (the same config at several
-    # SLOs) simulated as one lock-step run, the primary first (`evaluate_siblings`). Siblings
-    # the run could not stand for come back as a follow-up task.
+    # A task is a list of point ids: one point, or sibling points (`_sibling_groups`) simulated
+    # as one run, the primary first (`evaluate_siblings`). Siblings the run could not stand for
+    # come back as a follow-up task.
     def _tasks(self, todo: dict[str, dict]) -> list[list[str]]:
         if self.evaluate_fn is not evaluate:  # other evaluators return other things: one run each
             return [[pid] for pid in todo]
