@@ -176,6 +176,11 @@ def check_run(table):
             assert r.admit_s is not None and r.first_token_s > r.admit_s
         if r.finish_s is not None:
             assert r.finish_s >= r.first_token_s
+            # one gap per token after the first, together spanning first token to finish
+            # (settled from the slots' result times across pauses, moves and retractions)
+            assert len(r.itls) == r.out_len - 1
+            assert all(g > 0 for g in r.itls)
+            assert sum(r.itls) == pytest.approx(r.finish_s - r.first_token_s, rel=1e-9, abs=1e-9)
     by_replica: dict[int, list] = {}
     for rep, a, b, kv in zip(it["replica"], it["start_s"], it["end_s"], it["kv_used_tokens"]):
         by_replica.setdefault(rep, []).append((a, b))

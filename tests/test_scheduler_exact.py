@@ -117,3 +117,30 @@ def test_decode_only_steps_decay_token_ratio_and_retraction_requeues_at_tail():
     assert all(r.num_retractions == 1 for r in retracted)
     assert s.kv_free >= 0
     assert len(mb.decodes) + len(retracted) == 4
+
+
+def test_decode_segment_gaps_and_kv_across_a_pause_and_a_resume_in_another_slot():
+    """A request's gaps and KV slots are settled from its slot's result times when its decode
+    segment ends: here it decodes in slot 0, is paused, resumes in slot 1 and finishes there."""
+    from types import SimpleNamespace
+
+    s = make_sched(pp=2, kv=10_000, chunk=2048)
+    req = make_req(0, 100, output=6)
+    s.add_waiting(req)
+    s.process_result(s.form_batch(0, 0.0), 0.5)  # token 1 (first) at 0.5
+    s.process_result(s.form_batch(0, 0.5), 1.25)  # token 2, inside the segment
+    s.process_result(s.form_batch(0, 1.25), 2.0)  # token 3
+    assert req.out_len == 3 and list(req.itls) == [] and req.kv_held == 102
+    pause = SimpleNamespace(req_id=0, to_pending=True, at_head=False)
+    assert s.form_batch(0, 2.0, rebalance=lambda slot: [pause]) is None
+    assert list(req.itls) == [0.75, 0.75] and req.kv_held == 102 and req.seg_times is None
+    resume = SimpleNamespace(req_id=0, to_pending=False, at_head=False)
+    mb = s.form_batch(1, 3.0, rebalance=lambda slot: [resume])
+    assert mb.slot == 1 and [r.rid for r in mb.decodes] == [0]
+    s.process_result(mb, 3.5)  # token 4 starts a segment in slot 1: its gap is from token 3
+    assert list(req.itls) == [0.75, 0.75, 1.5]
+    s.process_result(s.form_batch(1, 3.5), 4.0)  # token 5
+    assert req.kv_held == 104 and len(req.itls) == 3  # (token 5's gap and slot still in the segment)
+    s.process_result(s.form_batch(1, 4.0), 4.75)  # token 6: finished, settled and freed
+    assert req.finished and list(req.itls) == [0.75, 0.75, 1.5, 0.5, 0.75]
+    assert req.kv_held == 0 and s.kv_used() == 0

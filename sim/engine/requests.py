@@ -268,6 +268,7 @@ class RequestTable:
     def close(self) -> None:
         """The end of the run: record the requests still inside as they stand."""
         for req in self.live.values():
+            req.settle()  # (tokens of an open decode segment: state.Req)
             self._record(req)
         self.live = {}
 

@@ -42,7 +42,7 @@ class Slot:
     """Per-slot state: `running` is SGLang's running_batch (None while a mixed/extend
     micro-batch of this slot is in flight), `last` the micro-batch last launched."""
 
-    __slots__ = ("index", "running", "last", "cycle_start_s", "sampled", "sampled_ctx", "sampled_done")
+    __slots__ = ("index", "running", "last", "cycle_start_s", "sampled", "sampled_ctx", "sampled_done", "times")
 
     def __init__(self, index: int) -> None:
         self.index = index
@@ -57,6 +57,9 @@ class Slot:
         self.sampled: list[Req] | None = None
         self.sampled_ctx = 0
         self.sampled_done = 0
+        # the result time of each of the slot's micro-batches: the token times of the
+        # requests decoding in it (their decode segments, state.Req)
+        self.times = array("d")
 
 
 class Scheduler:
@@ -110,7 +113,7 @@ class Scheduler:
                 f"{tokens} tokens, {self.kv_free} of {self.kv_capacity} free (the real server exits)"
             )
         self.kv_free -= tokens
-        req.kv_held += tokens
+        req.kv_base += tokens
 
     def _live(self, slot: Slot) -> tuple[list[Req], int | None]:
         """The slot's running requests that have not finished, and their summed context (None:
@@ -134,7 +137,7 @@ class Scheduler:
             )
         self.kv_free -= len(reqs)
         # NOTE: each request's own count (kv_held) takes the slot when its token comes back
-        # (process_result): it is only read to free a request, never while its batch is in flight.
+        # (process_result, counted by its decode segment).
         if ctx is not None:
             return ctx
         ctx = 0
@@ -143,8 +146,9 @@ class Scheduler:
         return ctx
 
     def _free(self, req: Req) -> None:
-        self.kv_free += req.kv_held
-        req.kv_held = 0
+        req.settle()
+        self.kv_free += req.kv_base
+        req.kv_base = 0
 
     def is_idle(self) -> bool:
         return self.num_active == 0 and not self.waiting and self.chunked is None
@@ -179,6 +183,7 @@ class Scheduler:
         slot.sampled = None  # the running list changes in place
         if move.to_pending:
             req = next(r for r in slot.running if r.rid == move.req_id)
+            req.settle()  # (its next token comes from another slot, or after a gap)
             slot.running.remove(req)
             self.pending.insert(0, req) if move.at_head else self.pending.append(req)
         else:
@@ -351,6 +356,9 @@ class Scheduler:
     def process_result(self, mb: MicroBatch, now_s: float) -> None:
         """Sample one token for every request of `mb` except a cut chunk (artifact 1.6)."""
         slot = self.slots[mb.slot]
+        times = slot.times
+        j = len(times)
+        times.append(now_s)
         # NOTE: a batch carrying the slot's running requests continues its cycle; a fresh
         # extend batch starts one (SGLang copies cur_time on merge; a new batch has none).
         if mb.mode != EXTEND and slot.cycle_start_s is not None:
@@ -359,30 +367,33 @@ class Scheduler:
         chunked = mb.chunked
         for req, _new, _prefix in mb.prefill:
             if req is not chunked:
-                self._emit(req, now_s)
-        # the hot loop: _emit inlined for decodes (they already have their first token)
+                self._emit(req, now_s, times, j)
+        # the hot loop: a request in its decode segment of this slot only counts its token
+        # (state.Req: the gap and the KV slot are settled when the segment ends)
         decodes = mb.decodes
         done = done_ctx = 0
         for req in decodes:
-            req.kv_held += 1  # the KV slot allocated when the batch was formed (_alloc_decode)
             out = req.out_len + 1
             req.out_len = out
-            if req.first_token_s is None or out >= req.max_new:
+            if out >= req.max_new or req.seg_times is not times:
                 req.out_len = out - 1
-                self._emit(req, now_s)
+                req.kv_base += 1  # the KV slot allocated when the batch was formed (_alloc_decode)
+                self._emit(req, now_s, times, j)
                 if req.finished:
                     done += 1
                     done_ctx += req.prompt_len + req.out_len
-            else:  # a middle token: its gap to the previous one (the streaming client's ITL)
-                req.itls.append(now_s - req.last_token_s)
-                req.last_token_s = now_s
         if decodes is slot.running:
             # a decode batch: every request's context grew by one; the finished ones leave
             slot.sampled = decodes
             slot.sampled_ctx = mb.stats.sum_decode_ctx + len(decodes) - done_ctx
             slot.sampled_done = done
 
-    def _emit(self, req: Req, now_s: float) -> None:
+    def _emit(self, req: Req, now_s: float, times: array, j: int) -> None:
+        """A token sampled at `times[j]` (= `now_s`) outside a decode segment's run: the first,
+        the last, or one that starts a segment in this slot."""
+        if req.seg_times is not None:
+            # its previous token was the slot's previous result if it was decoding here
+            req.settle(j - 1 if req.seg_times is times else None)
         req.out_len += 1
         if req.first_token_s is None:
             req.first_token_s = now_s
@@ -399,6 +410,9 @@ class Scheduler:
             self.num_finished += 1
             if self.on_finish is not None:
                 self.on_finish(req)
+        else:
+            req.seg_times = times
+            req.seg_idx = j
 
 
 class PrefillAdder:
@@ -424,14 +438,45 @@ class PrefillAdder:
         self.margin = sched.num_slots - 1
         self.can_run: list[tuple[Req, int]] = []
         self.new_chunked: Req | None = None
+        self._totals: tuple[int, int, int] | None = None  # see `running_totals`
+        # The memory test's sorted states are built only when a cheap bound cannot decide
+        # (`_passes_memory_test`); until then it keeps what building them needs.
         self.states: list[tuple[float, int]] | None = None
+        self._first: Req | None = None  # the request of the first test
+        self._first_can_run = 0  # how many pieces were in can_run then
+        self._later: list[Req] = []  # the requests tested since, in order
+        self._left_sum = 0  # the states' tokens left: their sum and maximum
+        self._left_max = 0
         self.admitted_last = 0
         self.bound = False  # the chunk budget cut a prompt or ended the admission
+
+    def running_totals(self) -> tuple[int, int, int]:
+        """One walk over every slot's visible running requests (finished ones still in the
+        lists included, as both readers see them): the sum and the maximum of their tokens
+        left (max_new - out_len), and how many they are."""
+        if self._totals is None:
+            total = top = n = 0
+            for s in self.sched.slots:
+                running = s.running
+                if running:
+                    n += len(running)
+                    for r in running:
+                        left = r.max_new - r.out_len
+                        total += left
+                        if left > top:
+                            top = left
+            self._totals = (total, top, n)
+        return self._totals
 
     @property
     def rem_total(self) -> float:
         if self._rem_total is None:
-            total = self._free_bs - self.sched._reserved_output_tokens()
+            total, top, _n = self.running_totals()
+            # (the reservation clips each request's tokens left; with none over the clip the
+            # sum is the walk's, the same integer times the same ratio)
+            reserved = (total * self.sched.new_token_ratio if top <= CLIP_MAX_NEW_TOKENS
+                        else self.sched._reserved_output_tokens())
+            total = self._free_bs - reserved
             for taken in self._taken:
                 total -= taken
             self._rem_total = total
@@ -472,28 +517,35 @@ class PrefillAdder:
         return (left, r.prompt_len + r.out_len) if left > 0 else None
 
     def _passes_memory_test(self, req: Req) -> bool:
+        margin = self.margin
         if self.states is None:
-            margin = self.margin
-            reqs = [req]
-            for s in self.sched.slots:
-                if s.running:
-                    reqs.extend(s.running)
-            reqs.extend(r for r, _ in self.can_run)
-            states = [(r.max_new - r.out_len + margin, r.prompt_len + r.out_len) for r in reqs]
-            if margin <= 0:  # (with a margin every state has tokens left)
-                states = [st for st in states if st[0] > 0]
-            states.sort(key=itemgetter(0))
-            self.states = states
+            # A bound first: the walk below fails only if some room - left_i * k <= 0, and
+            # room >= rem (contexts are >= 0) while left_i * k <= sum(left) + max(left) (the
+            # k states from i - 1 on each have at least left_i tokens left, sorted). So
+            # rem > sum + max passes without building and sorting the states.
+            if self._first is None:
+                self._first = req
+                self._first_can_run = len(self.can_run)
+                total, top, n = self.running_totals()
+                lefts = [r.max_new - r.out_len + margin for r in [req] + [p[0] for p in self.can_run]]
+                if margin > 0:
+                    total += margin * n
+                else:  # (states with no tokens left are left out; with margin 0 they add nothing)
+                    lefts = [v for v in lefts if v > 0]
+                self._left_sum = total + sum(lefts)
+                self._left_max = max([top + margin] + lefts)
+            else:
+                self._later.append(req)
+                left = req.max_new - req.out_len + margin
+                if left > 0:
+                    self._left_sum += left
+                    if left > self._left_max:
+                        self._left_max = left
+            if self.cur_rem - req.prompt_len > self._left_sum + self._left_max:
+                return True
+            self._build_states()
         else:
-            st = self._state(req)
-            if st is not None:
-                # NOTE: SGLang's insertion loop leaves i = len-1 when no element is larger,
-                # so a new largest entry lands before the last one; kept for fidelity.
-                i = 0
-                for i in range(len(self.states)):
-                    if st[0] <= self.states[i][0]:
-                        break
-                self.states.insert(i, st)
+            self._insert_state(req)
         states = self.states
         if not states:
             return True
@@ -511,6 +563,35 @@ class PrefillAdder:
             ctx_prev = ctx
             k -= 1
         return room - states[-1][0] > 0
+
+    def _build_states(self) -> None:
+        """The states as the artifact builds them at the first test (that request, the
+        running requests, the pieces already admitted; stable-sorted by tokens left), then
+        each later request inserted in turn."""
+        margin = self.margin
+        reqs = [self._first]
+        for s in self.sched.slots:
+            if s.running:
+                reqs.extend(s.running)
+        reqs.extend(r for r, _ in self.can_run[:self._first_can_run])
+        states = [(r.max_new - r.out_len + margin, r.prompt_len + r.out_len) for r in reqs]
+        if margin <= 0:  # (with a margin every state has tokens left)
+            states = [st for st in states if st[0] > 0]
+        states.sort(key=itemgetter(0))
+        self.states = states
+        for r in self._later:
+            self._insert_state(r)
+
+    def _insert_state(self, req: Req) -> None:
+        st = self._state(req)
+        if st is not None:
+            # NOTE: SGLang's insertion loop leaves i = len-1 when no element is larger,
+            # so a new largest entry lands before the last one; kept for fidelity.
+            i = 0
+            for i in range(len(self.states)):
+                if st[0] <= self.states[i][0]:
+                    break
+            self.states.insert(i, st)
 
     def add_one(self, req: Req) -> str:
         """add_one_req_ignore_eos; sets `admitted_last` to 1 if `req` joined the batch."""

@@ -5,6 +5,9 @@ from __future__ import annotations
 from array import array
 
 from sim.latency.base import BatchStats
+from sim.lazy import lazy
+
+np = lazy("numpy")  # imported on first use (sim/lazy.py)
 
 DECODE, EXTEND, MIXED = "decode", "extend", "mixed"
 
@@ -18,13 +21,21 @@ class Req:
     Token accounting: `fill_len` tokens (prompt + output generated before a retraction) must
     be prefilled; `prefix_len` of them are already in the KV cache; `kv_held` counts every
     KV slot the request holds (prefilled tokens + one per decode step).
+
+    Decode segments: while a request decodes in one slot, it takes part in every micro-batch
+    of that slot, so its tokens come at consecutive entries of the slot's result times
+    (`Slot.times`). The token emission then only counts the token (`out_len`); the request
+    remembers the slot's times and the index of its segment's first token (`seg_times`,
+    `seg_idx`), and `settle` writes the segment's gaps and KV slots out when the segment ends
+    (the request finishes, is paused or retracted, or the run ends). `kv_held` is exact at
+    any time: the settled count (`kv_base`) plus the segment's tokens since its start.
     """
 
     __slots__ = (
         "rid", "arrival_s", "prompt_len", "orig_prompt_len", "max_new", "orig_output_len",
-        "out_len", "fill_len", "prefix_len", "kv_held", "slot", "state", "admit_s",
+        "out_len", "fill_len", "prefix_len", "slot", "state", "admit_s",
         "first_token_s", "finish_s", "num_chunks", "num_retractions", "truncated_prompt",
-        "clipped_output", "finished", "replica", "last_token_s", "itls", "row",
+        "clipped_output", "finished", "replica", "last_token_s", "itls", "row", "kv_base", "seg_times", "seg_idx",
     )
 
     def __init__(self, rid: int, arrival_s: float, prompt_len: int, output_len: int,
@@ -42,7 +53,9 @@ class Req:
         self.out_len = 0
         self.fill_len = self.prompt_len
         self.prefix_len = 0
-        self.kv_held = 0
+        self.kv_base = 0
+        self.seg_times: array | None = None
+        self.seg_idx = 0
         self.slot = -1
         self.state = WAITING
         self.admit_s = None
@@ -57,6 +70,32 @@ class Req:
         self.last_token_s = 0.0
         self.itls = array("d")
         self.row = -1  # its row in the run's RequestTable (sim/engine/requests.py); -1: none
+
+    @property
+    def kv_held(self) -> int:
+        times = self.seg_times
+        if times is None:
+            return self.kv_base
+        return self.kv_base + len(times) - 1 - self.seg_idx
+
+    def settle(self, last: int | None = None) -> None:
+        """End the decode segment: one gap (`itls`) and one KV slot for every token after its
+        first, up to index `last` of the slot's times (default: the slot's latest result,
+        which is this request's latest token while it is in the slot)."""
+        times = self.seg_times
+        if times is None:
+            return
+        if last is None:
+            last = len(times) - 1
+        start = self.seg_idx
+        if last > start:
+            self.kv_base += last - start
+            # the same float subtractions as one gap per token (numpy's diff is elementwise)
+            view = np.frombuffer(times, dtype=np.float64, count=last - start + 1, offset=8 * start)
+            self.itls.frombytes(np.diff(view).tobytes())
+            del view  # (the view pins the array's buffer: it must not outlive this call)
+            self.last_token_s = times[last]
+        self.seg_times = None
 
     @property
     def context_len(self) -> int:
