@@ -447,6 +447,7 @@ class PrefillAdder:
         self._later: list[Req] = []  # the requests tested since, in order
         self._left_sum = 0  # the states' tokens left: their sum and maximum
         self._left_max = 0
+        self._unsorted = False  # a later state was inserted by the quirk (`_passes_memory_test`)
         self.admitted_last = 0
         self.bound = False  # the chunk budget cut a prompt or ended the admission
 
@@ -517,35 +518,42 @@ class PrefillAdder:
         return (left, r.prompt_len + r.out_len) if left > 0 else None
 
     def _passes_memory_test(self, req: Req) -> bool:
+        # The walk below fails only if some room - left_i * k <= 0. Sorted by tokens left, the
+        # k - 1 states after i each have at least left_i, so left_i * k <= (the lefts from i on)
+        # + max(left); and room only grows (contexts are >= 0). So once room exceeds the sum of
+        # the lefts still ahead plus the largest, every remaining check passes: tested first
+        # with all the states (no need to build and sort them), then at every step of the walk.
+        # After the insertion quirk (a new largest lands before the last) all but the last
+        # state stay sorted, and the same argument holds with twice the largest.
         margin = self.margin
-        if self.states is None:
-            # A bound first: the walk below fails only if some room - left_i * k <= 0, and
-            # room >= rem (contexts are >= 0) while left_i * k <= sum(left) + max(left) (the
-            # k states from i - 1 on each have at least left_i tokens left, sorted). So
-            # rem > sum + max passes without building and sorting the states.
-            if self._first is None:
-                self._first = req
-                self._first_can_run = len(self.can_run)
-                total, top, n = self.running_totals()
-                lefts = [r.max_new - r.out_len + margin for r in [req] + [p[0] for p in self.can_run]]
-                if margin > 0:
-                    total += margin * n
-                else:  # (states with no tokens left are left out; with margin 0 they add nothing)
-                    lefts = [v for v in lefts if v > 0]
-                self._left_sum = total + sum(lefts)
-                self._left_max = max([top + margin] + lefts)
-            else:
-                self._later.append(req)
-                left = req.max_new - req.out_len + margin
-                if left > 0:
-                    self._left_sum += left
-                    if left > self._left_max:
-                        self._left_max = left
-            if self.cur_rem - req.prompt_len > self._left_sum + self._left_max:
-                return True
-            self._build_states()
+        if self._first is None:
+            self._first = req
+            self._first_can_run = len(self.can_run)
+            total, top, n = self.running_totals()
+            lefts = [r.max_new - r.out_len + margin for r in [req] + [p[0] for p in self.can_run]]
+            if margin > 0:
+                total += margin * n
+            else:  # (states with no tokens left are left out; with margin 0 they add nothing)
+                lefts = [v for v in lefts if v > 0]
+            self._left_sum = total + sum(lefts)
+            self._left_max = max([top + margin] + lefts)
         else:
-            self._insert_state(req)
+            left = req.max_new - req.out_len + margin
+            if left > 0:
+                if left > self._left_max:
+                    self._unsorted = self._unsorted or self._left_sum > 0  # (the quirk: see above)
+                    self._left_max = left
+                self._left_sum += left
+            if self.states is None:
+                self._later.append(req)
+            else:
+                self._insert_state(req)
+        room = self.cur_rem - req.prompt_len  # rem + the context freed so far
+        slack = 2 * self._left_max if self._unsorted else self._left_max
+        if room > self._left_sum + slack:
+            return True
+        if self.states is None:
+            self._build_states()
         states = self.states
         if not states:
             return True
@@ -553,14 +561,17 @@ class PrefillAdder:
         # it have freed their tokens, and the n - i still running need left[i + 1] more each
         # (the test fails if rem + freed_i - left[i + 1] * (n - i) <= 0). All integers, so this
         # exact form equals the artifact's float arithmetic.
-        room = self.cur_rem - req.prompt_len  # rem + the context freed so far
         k = len(states)  # n - i
+        ahead = self._left_sum - states[0][0]  # the lefts from i + 1 on
         ctx_prev = states[0][1]
         for left, ctx in islice(states, 1, None):
+            if room > ahead + slack:
+                return True
             if room - left * k <= 0:
                 return False
             room += ctx_prev
             ctx_prev = ctx
+            ahead -= left
             k -= 1
         return room - states[-1][0] > 0
 
