@@ -119,6 +119,14 @@ class Watch:
         held = sum(r.kv_held for r in self.seen.get(id(s), ())) + self.in_flight.get(id(s), 0)
         if held != used:
             self.violations.append(f"t={now}: requests hold {held} KV tokens, the pool says {used}")
+        for sl in s.slots:  # a running list's summary (from the token emission) is a fresh walk's
+            if sl.running is not None and sl.running is sl.sampled:
+                live = [r for r in sl.running if not r.finished]
+                lefts = [r.max_new - r.out_len for r in sl.running]
+                walk = (sum(r.prompt_len + r.out_len for r in live), len(sl.running) - len(live), sum(lefts),
+                        max(lefts, default=0))
+                if sl.summary != walk:
+                    self.violations.append(f"t={now}: slot {sl.index} summary {sl.summary}, a walk gives {walk}")
         places = Counter(id(r) for r in s.waiting)
         for sl in s.slots:
             for r in sl.running or []:

@@ -42,21 +42,21 @@ class Slot:
     """Per-slot state: `running` is SGLang's running_batch (None while a mixed/extend
     micro-batch of this slot is in flight), `last` the micro-batch last launched."""
 
-    __slots__ = ("index", "running", "last", "cycle_start_s", "sampled", "sampled_ctx", "sampled_done", "times")
+    __slots__ = ("index", "running", "last", "cycle_start_s", "sampled", "summary", "times")
 
     def __init__(self, index: int) -> None:
         self.index = index
         self.running: list[Req] | None = None
         self.last: MicroBatch | None = None
         self.cycle_start_s: float | None = None  # previous result time of this slot's batch
-        # What the token emission of the slot's last decode batch learnt about its running list
-        # (that batch's `decodes`, the very list object): the summed context of the requests
-        # that did not finish and how many finished. Valid only while `running is sampled`
-        # (every change to the running list makes a new list or clears `sampled`), so the next
-        # batch needs no walk for the filter or the context sum.
+        # What the token emission of the slot's last micro-batch learnt about the running list
+        # it left (a decode batch's `decodes`, the very list object, or the list `_retire` made
+        # of a prefill/mixed batch): `summary` = (summed context of the requests that did not
+        # finish, how many finished, summed tokens left, most tokens left). Valid only while
+        # `running is sampled` (every change to the running list makes a new list or clears
+        # `sampled`), so the next batch and the admission tests need no walk over it.
         self.sampled: list[Req] | None = None
-        self.sampled_ctx = 0
-        self.sampled_done = 0
+        self.summary: tuple[int, int, int, int] = (0, 0, 0, 0)
         # the result time of each of the slot's micro-batches: the token times of the
         # requests decoding in it (their decode segments, state.Req)
         self.times = array("d")
@@ -115,21 +115,25 @@ class Scheduler:
         self.kv_free -= tokens
         req.kv_base += tokens
 
-    def _live(self, slot: Slot) -> tuple[list[Req], int | None]:
-        """The slot's running requests that have not finished, and their summed context (None:
-        unknown, to be summed). After a decode batch of the slot was sampled both are known
-        (`Slot.sampled`): the list itself when nothing finished, else a filtered copy."""
+    def _live(self, slot: Slot) -> tuple[list[Req], tuple[int, int, int] | None]:
+        """The slot's running requests that have not finished, and their (summed context,
+        summed tokens left, most tokens left), None: unknown, to be summed. After the slot's
+        micro-batch was sampled both are known (`Slot.sampled`): the list itself when nothing
+        finished, else a filtered copy (a finished request has no tokens left)."""
         running = slot.running
         if running is slot.sampled:
-            if slot.sampled_done == 0:
-                return running, slot.sampled_ctx
-            return [r for r in running if not r.finished], slot.sampled_ctx
+            ctx, done, left, top = slot.summary
+            if done == 0:
+                return running, (ctx, left, top)
+            return [r for r in running if not r.finished], (ctx, left, top)
         return [r for r in running if not r.finished], None
 
-    def _alloc_decode(self, reqs: list[Req], what: str, now_s: float, ctx: int | None = None) -> int:
+    def _alloc_decode(self, reqs: list[Req], what: str, now_s: float,
+                      known: tuple[int, int, int] | None = None) -> tuple[int, int, int]:
         """One KV slot per decode request (prepare_for_decode), checked once for the batch.
-        Returns the requests' summed context (prompt + output), which the batch stats need
-        (`ctx` when the caller knows it already)."""
+        Returns the requests' (summed context (prompt + output), summed tokens left, most
+        tokens left): the batch stats need the first, the token emission the others (`known`
+        when the caller knows them already)."""
         if len(reqs) > self.kv_free:
             raise RunFailed(
                 f"KV allocation failed at t={now_s:.3f}s in a {what} batch: {len(reqs)} decode tokens "
@@ -138,12 +142,17 @@ class Scheduler:
         self.kv_free -= len(reqs)
         # NOTE: each request's own count (kv_held) takes the slot when its token comes back
         # (process_result, counted by its decode segment).
-        if ctx is not None:
-            return ctx
-        ctx = 0
+        if known is not None:
+            return known
+        ctx = total = top = 0
         for r in reqs:
-            ctx += r.prompt_len + r.out_len
-        return ctx
+            out = r.out_len
+            ctx += r.prompt_len + out
+            left = r.max_new - out
+            total += left
+            if left > top:
+                top = left
+        return ctx, total, top
 
     def _free(self, req: Req) -> None:
         req.settle()
@@ -202,16 +211,27 @@ class Scheduler:
             return
         chunked = last.chunked
         kept = [p[0] for p in last.prefill if p[0] is not chunked and not p[0].finished]
-        kept += [r for r in last.decodes if not r.finished]
+        # what the emission left of the decodes, plus the prefilled requests that stay
+        ctx, done, total, top = last.after
+        for r in kept:
+            out = r.out_len
+            ctx += r.prompt_len + out
+            left = r.max_new - out
+            total += left
+            if left > top:
+                top = left
+        kept += last.decodes if done == 0 else [r for r in last.decodes if not r.finished]
         # (the request being chunked is never a decode)
         if len(kept) < sum(1 for p in last.prefill if p[0] is not chunked) + len(last.decodes):
             self.batch_is_full = False
+        slot.sampled = None
         if kept:
             if slot.running is None:
                 slot.running = kept
-            else:
+                slot.sampled = kept
+                slot.summary = (ctx, 0, total, top)
+            else:  # (the running list grows in place: summed again when read)
                 slot.running.extend(kept)
-        slot.sampled = None  # (the running list may have grown in place)
         slot.last = None
 
     def _reserved_output_tokens(self) -> float:
@@ -278,23 +298,25 @@ class Scheduler:
         self.chunked = adder.new_chunked
         decodes: list[Req] = []
         mode = EXTEND
-        ctx = 0
+        known = (0, 0, 0)
         if slot.running is not None:
             live, known = self._live(slot)
             if live:
-                ctx = self._alloc_decode(live, "mixed", now_s, known)
+                known = self._alloc_decode(live, "mixed", now_s, known)
                 decodes = live
                 mode = MIXED
+            else:
+                known = (0, 0, 0)
             slot.running = None
         return MicroBatch(self.num_launched, slot.index, mode, prefill, decodes, adder.new_chunked, self.chunk_size,
-                          decode_ctx=ctx)
+                          decode_ctx=known[0], decode_left=known[1:])
 
     def _decode_batch(self, slot: Slot, now_s: float) -> MicroBatch | None:
         """update_running_batch: filter, retract on OOM, allocate one slot per request."""
         if slot.running is None:
             return None
         before = len(slot.running)
-        live, ctx = self._live(slot)
+        live, known = self._live(slot)
         if not live:
             self.batch_is_full = False
             slot.running = None
@@ -304,7 +326,7 @@ class Scheduler:
             self.batch_is_full = False
         if self.kv_free < len(live):
             live = self._retract(live)
-            ctx = None  # (fewer requests now)
+            known = None  # (fewer requests now)
             self.batch_is_full = False
             if self.retract_on_kv_exhausted and self.kv_free < len(live):
                 # the last request cannot decode either (the artifact exits): requeue it too
@@ -318,9 +340,10 @@ class Scheduler:
                 return None
         else:
             self.new_token_ratio = max(self.new_token_ratio - NEW_TOKEN_RATIO_DECAY, MIN_NEW_TOKEN_RATIO)
-        ctx = self._alloc_decode(live, "decode", now_s, ctx)
+        known = self._alloc_decode(live, "decode", now_s, known)
         slot.running = live
-        return MicroBatch(self.num_launched, slot.index, DECODE, [], live, None, self.chunk_size, decode_ctx=ctx)
+        return MicroBatch(self.num_launched, slot.index, DECODE, [], live, None, self.chunk_size,
+                          decode_ctx=known[0], decode_left=known[1:])
 
     def _retract(self, live: list[Req]) -> list[Req]:
         """retract_decode: drop the requests with the fewest generated tokens (ties: the
@@ -382,11 +405,15 @@ class Scheduler:
                 if req.finished:
                     done += 1
                     done_ctx += req.prompt_len + req.out_len
-        if decodes is slot.running:
-            # a decode batch: every request's context grew by one; the finished ones leave
+        # every decode request's context grew by one and its tokens left fell by one; the
+        # finished ones leave (with none left)
+        n = len(decodes)
+        after = (mb.stats.sum_decode_ctx + n - done_ctx, done, mb.left_sum - n, mb.left_top - 1 if n else 0)
+        if decodes is slot.running:  # a decode batch: its list is the slot's running list
             slot.sampled = decodes
-            slot.sampled_ctx = mb.stats.sum_decode_ctx + len(decodes) - done_ctx
-            slot.sampled_done = done
+            slot.summary = after
+        else:  # a prefill/mixed batch: `_retire` makes the running list
+            mb.after = after
 
     def _emit(self, req: Req, now_s: float, times: array, j: int) -> None:
         """A token sampled at `times[j]` (= `now_s`) outside a decode segment's run: the first,
@@ -461,6 +488,12 @@ class PrefillAdder:
                 running = s.running
                 if running:
                     n += len(running)
+                    if running is s.sampled:  # (known from its emission: Slot.summary)
+                        _ctx, _done, left, most = s.summary
+                        total += left
+                        if most > top:
+                            top = most
+                        continue
                     for r in running:
                         left = r.max_new - r.out_len
                         total += left
@@ -585,9 +618,8 @@ class PrefillAdder:
             if s.running:
                 reqs.extend(s.running)
         reqs.extend(r for r, _ in self.can_run[:self._first_can_run])
-        states = [(r.max_new - r.out_len + margin, r.prompt_len + r.out_len) for r in reqs]
-        if margin <= 0:  # (with a margin every state has tokens left)
-            states = [st for st in states if st[0] > 0]
+        # (states with no tokens left are left out; with a margin every state has some)
+        states = [(left, r.prompt_len + r.out_len) for r in reqs if (left := r.max_new - r.out_len + margin) > 0]
         states.sort(key=itemgetter(0))
         self.states = states
         for r in self._later:

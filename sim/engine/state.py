@@ -114,10 +114,11 @@ class MicroBatch:
     """
 
     __slots__ = ("index", "slot", "mode", "prefill", "decodes", "chunked", "stats", "stage_s", "chunk_size",
-                 "infos")
+                 "infos", "left_sum", "left_top", "after")
 
     def __init__(self, index: int, slot: int, mode: str, prefill: list, decodes: list,
-                 chunked: Req | None, chunk_size: int, decode_ctx: int | None = None) -> None:
+                 chunked: Req | None, chunk_size: int, decode_ctx: int | None = None,
+                 decode_left: tuple[int, int] | None = None) -> None:
         self.index = index
         self.slot = slot
         self.mode = mode
@@ -136,6 +137,13 @@ class MicroBatch:
             for r in decodes:
                 ctx += r.prompt_len + r.out_len
         self.stats = BatchStats(tokens, len(prefill), c2, cp, len(decodes), ctx)
+        # the decodes' summed and largest tokens left (max_new - out_len) at launch, and what the
+        # token emission leaves of the decodes (the scheduler's Slot.summary), for its bookkeeping
+        if decode_left is None:
+            decode_left = (sum(r.max_new - r.out_len for r in decodes),
+                           max((r.max_new - r.out_len for r in decodes), default=0))
+        self.left_sum, self.left_top = decode_left
+        self.after: tuple[int, int, int, int] | None = None
         self.stage_s: tuple[float, ...] = ()
         # its policy descriptions (view.BatchInfo.of), made once: a batch in flight is described
         # to the predictive policy at every iteration it spends in the pipeline
