@@ -58,6 +58,10 @@ class FakeView:
     def waiting(self):
         return tuple(self.waiting_reqs)
 
+    def waiting_columns(self):
+        w = self.waiting_reqs
+        return [x.arrival_s for x in w], [x.prefix_tokens for x in w], [x.remaining_tokens for x in w]
+
     def waiting_prompt_tokens(self):
         return sum(w.prompt_tokens for w in self.waiting_reqs)
 

@@ -104,16 +104,37 @@ def test_watermark_counts_exclude_the_cut_request():
     assert (d.chunk, d.reason) == (256, "watermark+safety_guard")
 
 
+def queue(view):
+    _arrivals, prefixes, remaining = view.waiting_columns()
+    return list(zip(prefixes, remaining))
+
+
+def test_queue_head_keeps_the_requests_the_projection_can_reach():
+    """pp = 2, largest candidate 2048: the stages take at most 4096 tokens from the queue."""
+    pol = make(pp=2)
+    assert max(pol.candidates) == 2048
+    prefixes, remaining = [0, 5, 0, 0, 0], [1000, 3000, 96, 1, 700]
+    assert pol.queue_head(prefixes, remaining) == [(0, 1000), (5, 3000), (0, 96)]  # 4,096 reached
+    assert pol.queue_head(prefixes[:2], remaining[:2]) == [(0, 1000), (5, 3000)]
+    assert pol.queue_head([], []) == []
+    # the projection over the head is the projection over the whole queue, at every candidate
+    view = FakeView(num_slots=2, waiting_reqs=[waiting(i, 9.0, r, p) for i, (p, r) in enumerate(zip(prefixes, remaining))])
+    whole, head = queue(view), pol.queue_head(prefixes, remaining)
+    for c in pol.candidates:
+        assert pol.projection(view, view.last_batches(), None, head)(c) == \
+            pol.projection(view, view.last_batches(), None, whole)(c)
+
+
 def test_projection_of_candidate_features():
     """pp = 2, current slot 0, the chunked request's latest chunk in slot 1 (prefix 256, 1000
     left), slot 0's last batch has 10 decodes (context 5,000), one waiting 300-token prompt."""
     chunked = ChunkedInfo(7, 1, 0.0, 256, 1000)
     batches = [batch(0, 10, decode_ctx=5000), None]
     view = FakeView(num_slots=2, slot=0, chunked_req=chunked, batches=batches, waiting_reqs=[waiting(1, 9.0, 300)])
-    feats = make(pp=2).projection(view, batches, chunked, view.waiting())(512)
+    feats = make(pp=2).projection(view, batches, chunked, queue(view))(512)
     # artifact: both stage 0 (its previous slot holds the chunk) and stage 1 (its own) take the chunk
     assert feats == pytest.approx((2500, (502**2 + 512**2) / 2, (502 * 256 + 512 * 256) / 2))
-    feats = make(pp=2, chunked_first_stage_only=True).projection(view, batches, chunked, view.waiting())(512)
+    feats = make(pp=2, chunked_first_stage_only=True).projection(view, batches, chunked, queue(view))(512)
     assert feats == pytest.approx((2500, (502**2 + 300**2) / 2, 502 * 256 / 2))
 
 
@@ -121,7 +142,7 @@ def test_projection_shares_the_queue_cursor():
     """pp = 2, no chunked request: a 700-token prompt is split over both stages at chunk 512."""
     pol = make(pp=2)
     view = FakeView(num_slots=2, waiting_reqs=[waiting(1, 9.0, 700), waiting(2, 9.0, 100)])
-    feats = pol.projection(view, view.last_batches(), None, view.waiting())(512)
+    feats = pol.projection(view, view.last_batches(), None, queue(view))(512)
     assert feats == pytest.approx((0, (512**2 + 188**2 + 100**2) / 2, 188 * 512 / 2))
 
 

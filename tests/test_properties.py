@@ -127,6 +127,8 @@ class Watch:
                         max(lefts, default=0))
                 if sl.summary != walk:
                     self.violations.append(f"t={now}: slot {sl.index} summary {sl.summary}, a walk gives {walk}")
+        if s.waiting.prompt_tokens != sum(r.prompt_len for r in s.waiting):
+            self.violations.append(f"t={now}: the waiting queue counts {s.waiting.prompt_tokens} prompt tokens")
         places = Counter(id(r) for r in s.waiting)
         for sl in s.slots:
             for r in sl.running or []:

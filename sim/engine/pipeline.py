@@ -316,7 +316,7 @@ class Pipeline:
         if decision.tpot_signal_s is not None:
             self.tpot_signal_s = decision.tpot_signal_s
         # NOTE: sync_chunk_size publishes (tpot, waiting prompt tokens, kv free) to every rank.
-        self.rebalance_metrics = (self.tpot_signal_s, sum(r.prompt_len for r in sched.waiting),
+        self.rebalance_metrics = (self.tpot_signal_s, sched.waiting.prompt_tokens,
                                   sched.kv_free / sched.kv_capacity)
         if decision.chunk != sched.chunk_size:
             self.decisions.append((now, slot, sched.chunk_size, decision.chunk, decision.reason))

@@ -133,8 +133,14 @@ class SchedulerView:
         return tuple(WaitingInfo(r.rid, r.arrival_s, r.prompt_len, r.prefix_len, r.fill_len - r.prefix_len)
                      for r in self._sched.waiting)
 
+    def waiting_columns(self) -> tuple[list[float], list[int], list[int]]:
+        """The waiting queue in order as three lists (arrival_s, prefix_tokens, remaining_tokens):
+        what `waiting()` holds without an object per request (the queue can be thousands long)."""
+        waiting = self._sched.waiting  # (kept as columns beside the queue: scheduler.WaitingQueue)
+        return list(waiting.arrival_s), list(waiting.prefix_tokens), list(waiting.remaining_tokens)
+
     def waiting_prompt_tokens(self) -> int:
-        return sum(r.prompt_len for r in self._sched.waiting)
+        return self._sched.waiting.prompt_tokens
 
     def chunked(self) -> ChunkedInfo | None:
         r = self._sched.chunked

@@ -7,6 +7,7 @@ candidate feature projection). The predictor (offline table + online RLS) is `si
 from __future__ import annotations
 
 import math
+from operator import itemgetter
 
 from sim.errors import ConfigError
 from sim.policies.base import ChunkDecision, chunk_policies
@@ -88,12 +89,13 @@ class PredictiveChunk:
         if view.step % self.every != 0:
             return None
         sig, c = self.signals, view.chunk_size
-        waiting = view.waiting()
+        # (the queue as columns: under overload it is thousands long, and is read every decision)
+        arrivals, prefixes, remaining = view.waiting_columns()
         chunked = view.chunked()
         batches = view.last_batches()
         if chunked is not None and batches[chunked.slot] is None:
             chunked = None
-        if not waiting and chunked is None:
+        if not arrivals and chunked is None:
             return ChunkDecision(c, "idle", sig.ttft, sig.tpot)
         sig.drain(view)
         now = view.now_s
@@ -102,12 +104,13 @@ class PredictiveChunk:
         if kv_free < self.kv_th:
             new, reason = watermark_chunk(counts, self.watermark_rule, self.candidates[0]), "watermark"
         else:
-            backlog = [(now - w.arrival_s, w.remaining_tokens) for w in waiting]
+            backlog = list(zip([now - a for a in arrivals], remaining))
             if chunked is not None:
                 backlog.append((now - chunked.arrival_s, chunked.remaining_tokens))
             required = self.required_throughput(view, backlog)
             self.last_required_tok_s = required
-            picked = self.select(view, required, sum(counts) / len(counts), batches, chunked, waiting)
+            queue = self.queue_head(prefixes, remaining)
+            picked = self.select(view, required, sum(counts) / len(counts), batches, chunked, queue)
             if picked is None:
                 return ChunkDecision(c, "no_prediction", sig.ttft, sig.tpot)
             new, reason = picked
@@ -126,9 +129,10 @@ class PredictiveChunk:
 
     def required_throughput(self, view, backlog) -> float:
         slo_ttft, slo_tpot = self.ctx.slo_ttft_s, self.ctx.slo_tpot_s
-        stale = [(w, tok) for w, tok in backlog if w >= self.fresh_s]
-        stale_tok = sum(tok for _w, tok in stale)
-        mean_wait = sum(w for w, _ in stale) / len(stale) if stale else 0.0
+        fresh_s = self.fresh_s
+        stale = [entry for entry in backlog if entry[0] >= fresh_s]
+        stale_tok = sum(map(itemgetter(1), stale))
+        mean_wait = sum(map(itemgetter(0), stale)) / len(stale) if stale else 0.0
         budget = slo_ttft - mean_wait
         if stale_tok <= 0:
             catch_up = 0.0
@@ -138,9 +142,23 @@ class PredictiveChunk:
             catch_up = stale_tok / budget
         return (catch_up + self.arrival_rate(view)) * self.thr_coef
 
-    def select(self, view, required: float, avg_run: float, batches, chunked, waiting):
-        """Lazy scan of the candidates; (chunk, reason) or None when a prediction is missing."""
-        proj = self.projection(view, batches, chunked, waiting)
+    def queue_head(self, prefixes: list[int], remaining: list[int]) -> list[tuple[int, int]]:
+        """(prefix, remaining tokens) of the waiting requests the projection can reach: each of
+        the pp stages takes at most the largest candidate from the queue, so the requests
+        after the first whose remaining tokens add up to pp x that are never read."""
+        need = self.pp * max(self.candidates)
+        head = tokens = 0
+        for t in remaining:
+            head += 1
+            tokens += t
+            if tokens >= need:
+                break
+        return list(zip(prefixes[:head], remaining[:head]))
+
+    def select(self, view, required: float, avg_run: float, batches, chunked, queue):
+        """Lazy scan of the candidates; (chunk, reason) or None when a prediction is missing.
+        `queue`: (prefix, remaining tokens) of the waiting requests in order (`queue_head`)."""
+        proj = self.projection(view, batches, chunked, queue)
         last_safe = None
         for cand in self.candidates:
             t = self.predictor.predict(cand, *proj(cand))
@@ -155,7 +173,7 @@ class PredictiveChunk:
             return self.candidates[0], "Fail_SLO_ExecTime"
         return last_safe, "Best_Effort"
 
-    def projection(self, view, batches, chunked, waiting):
+    def projection(self, view, batches, chunked, queue):
         """Section 4.6: a function c -> mean (D, S, X) over the pp stages of the next cycle."""
         pp, cur = self.pp, view.slot
         order = [(cur + k) % pp for k in range(pp)]
@@ -168,7 +186,6 @@ class PredictiveChunk:
                 own = False
             ch = (chunked.prefix_tokens, chunked.remaining_tokens) if own else None
             stages.append((dctx, mdec, ch))
-        queue = [(w.prefix_tokens, w.remaining_tokens) for w in waiting]
 
         def features(chunk: int) -> tuple[float, float, float]:
             qi = qoff = 0

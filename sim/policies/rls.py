@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_left
-from operator import attrgetter
+from operator import attrgetter, mul
 from typing import Callable, Sequence
 
 FORGET = 0.9975
@@ -59,8 +59,10 @@ class RLS:
         self.P = [[self.p0 if i == j else 0.0 for j in range(n)] for i in range(n)]
         self.updates = 0
 
+    # (the sums below run over map(mul, ...): the same products summed in the same order as
+    # the written-out generator expressions, without a Python frame per term)
     def residual(self, x: Sequence[float]) -> float:
-        return sum(t * v for t, v in zip(self.theta, x))
+        return sum(map(mul, self.theta, x))
 
     def update(self, y: float, base: float, x: Sequence[float]) -> None:
         n, P = self.dim, self.P
@@ -71,14 +73,14 @@ class RLS:
             if abs(err) / denom > self.clip:
                 lim = self.clip * denom
                 err = max(-lim, min(lim, err))
-        px = [sum(P[i][j] * x[j] for j in range(n)) for i in range(n)]
-        xp = [sum(x[i] * P[i][j] for i in range(n)) for j in range(n)]
-        den = max(self.forget + sum(x[i] * px[i] for i in range(n)), 1e-12)
+        px = [sum(map(mul, row, x)) for row in P]  # P x
+        xp = [sum(map(mul, x, col)) for col in zip(*P)]  # x'P
+        den = max(self.forget + sum(map(mul, x, px)), 1e-12)
         g = [v / den for v in px]
         for i in range(n):
             self.theta[i] += g[i] * err
         lam = self.forget
-        self.P = [[(P[i][j] - g[i] * xp[j]) / lam for j in range(n)] for i in range(n)]
+        self.P = [[(p - gi * xj) / lam for p, xj in zip(row, xp)] for row, gi in zip(P, g)]
         self.updates += 1
 
 
