@@ -74,6 +74,12 @@ class FakeView:
     def running(self):
         return self.running_reqs
 
+    def num_running(self):
+        return len(self.running_reqs)
+
+    def num_pending(self):
+        return len(self.pending_reqs)
+
     def running_ids(self):
         return tuple(r.req_id for r in self.running_reqs)
 

@@ -219,9 +219,12 @@ class Scheduler:
         self._retire(slot)
         if rebalance is not None and (slot.running or self.pending):
             if slot.running:
-                live = [r for r in slot.running if not r.finished]
+                live, known = self._live(slot)
                 if len(live) < len(slot.running):
                     self.batch_is_full = False
+                    if known is not None:  # (the finished ones had no context or tokens left)
+                        slot.sampled = live
+                        slot.summary = (known[0], 0, known[1], known[2])
                 slot.running = live
             for move in rebalance(slot_idx):
                 self._apply_move(slot, move)
@@ -235,7 +238,9 @@ class Scheduler:
 
     def _apply_move(self, slot: Slot, move) -> None:
         """Pause a running request of `slot` into the pending list, or resume one into it."""
-        slot.sampled = None  # the running list changes in place
+        if slot.running is not None:  # (a copy: the list may be an earlier batch's decodes)
+            slot.running = list(slot.running)
+        slot.sampled = None
         if move.to_pending:
             req = next(r for r in slot.running if r.rid == move.req_id)
             req.settle()  # (its next token comes from another slot, or after a gap)

@@ -167,6 +167,14 @@ class SchedulerView:
         run = self._sched.slots[self.slot].running or []
         return tuple(RunningInfo(r.rid, r.arrival_s, r.admit_s, r.prompt_len, r.out_len) for r in run)
 
+    def num_running(self) -> int:
+        """Size of the current slot's running batch (cheap)."""
+        return len(self._sched.slots[self.slot].running or ())
+
+    def num_pending(self) -> int:
+        """How many requests the rebalancer has paused (cheap)."""
+        return len(self._sched.pending)
+
     def running_ids(self) -> tuple[int, ...]:
         """Request ids of the current slot's running batch, head (newest) first (cheap)."""
         return tuple(r.rid for r in (self._sched.slots[self.slot].running or ()))

@@ -55,12 +55,12 @@ class DelayScheduling:
         return view.tpot_signal_s, view.waiting_prompt_tokens(), view.kv_free_tokens / view.kv_capacity_tokens
 
     def rebalance(self, view) -> list[Move]:
-        running, pending = view.running_ids(), view.pending_ids()
+        size, num_pending = view.num_running(), view.num_pending()
         self.last_case = ""
-        if not running and not pending:
+        if not size and not num_pending:
             return []
         pp, cur = self.pp, view.slot
-        n = len(running) + len(pending)
+        n = size + num_pending
         for s, b in enumerate(view.last_batches()):
             if s != cur and b is not None:
                 n += b.num_reqs - b.holds_cut_chunk
@@ -70,21 +70,21 @@ class DelayScheduling:
         base_th = self.unit * pp
         th = base_th * (n // base_th)
         limit = th // pp + self.unit
-        size = len(running)
+        # (the request ids are read only when requests move)
         if th > 0 and n < th + self.alpha * base_th and not headroom:
             self.last_case = "case1"
             desired = th // pp
             if size > desired:
-                return self._preempt(running, size - desired, tpot_first)
-            if size < desired and pending:
-                return self._resume(pending, min(desired - size, len(pending)), tpot_first)
+                return self._preempt(view.running_ids(), size - desired, tpot_first)
+            if size < desired and num_pending:
+                return self._resume(view.pending_ids(), min(desired - size, num_pending), tpot_first)
             return []
         self.last_case = "case2"
         need = n // pp - size
-        if need > 0 and pending:
-            return self._resume(pending, min(need, len(pending)), tpot_first)
+        if need > 0 and num_pending:
+            return self._resume(view.pending_ids(), min(need, num_pending), tpot_first)
         if not headroom and size > limit and size > 0:
-            return self._preempt(running, min(size - limit, size), tpot_first)
+            return self._preempt(view.running_ids(), min(size - limit, size), tpot_first)
         return []
 
     @staticmethod
