@@ -12,7 +12,8 @@ For each GPU family (a100, h100, a40; Vidur's `compute/<family>/`), from every `
   gate-up and down projections of every model at TP 1, 2, 4, 8), median over duplicate token counts,
   median over models with the same shape, on the 259-point Vidur token grid (1..4096).
 * `<family>.toml`: `[roofline]` effective FLOP/s (median 2MNK/t at 4096 tokens) and bytes/s (median
-  weight bytes/t at 1 token) for the neighbour scaling; `[elementwise.<op>]` a + b*bytes fits;
+  weight bytes/t at 1 token) for the neighbour scaling, and the SM count (from the GPU TOMLs of
+  profiles/gpus/ whose kernel_data is the family) for the wave phase of the GEMM prediction; `[elementwise.<op>]` a + b*bytes fits;
   `[attention]` prefill/decode fits (a100: fitted to the Llama-2-7B attention.csv and the Llama-3-8B
   transcribed points; h100/a40: the a100 fit times measured ratios, status "scaled"); `[comm.<ic>]`
   alpha-beta fits of the measured NCCL tables; `[validation]` the leave-one-model-out GEMM errors.
@@ -41,6 +42,7 @@ from sim.latency.kernels import (Arch, elementwise_bytes_per_token, fit_attentio
                                  rel_err_summary, VIDUR_OP,
                                  ELEMENTWISE_OPS)
 from sim.latency.profile_io import fit_alpha_beta  # noqa: E402
+from sim.latency.specs import gpu_names, load_gpu  # noqa: E402
 
 DEFAULT_DATA = REPO.parent / "shared" / "data"
 DEFAULT_OUT = REPO / "profiles" / "kernels"
@@ -116,14 +118,25 @@ def gemm_table(grid: np.ndarray, gemm: list[dict]):
     return np.array(keys, dtype=float), table, owners, sources
 
 
-def roofline(grid, shapes, table) -> dict:
+def sm_count(family: str) -> tuple[int, list[str]]:
+    """SMs of the GPUs whose kernel data is `family` (profiles/gpus/*.toml; they must agree)."""
+    gpus = [load_gpu(g) for g in gpu_names()]
+    counts = {g.sm_count for g in gpus if g.kernel_data == family}
+    if len(counts) != 1 or 0 in counts:
+        raise SystemExit(f"profiles/gpus: kernel_data {family!r} needs one positive sm_count, got {sorted(counts)}")
+    return counts.pop(), sorted(f"profiles/gpus/{g.name}.toml" for g in gpus if g.kernel_data == family)
+
+
+def roofline(grid, shapes, table, family: str) -> dict:
     n, k = shapes[:, 0], shapes[:, 1]
     top = len(grid) - 1
     flops = np.median(2 * grid[top] * n * k / (table[:, top] / 1e3))
     bw = np.median(2 * n * k / (table[:, 0] / 1e3))
-    return {"flops": float(f"{flops:.4g}"), "bytes_per_s": float(f"{bw:.4g}"),
+    sms, gpu_files = sm_count(family)
+    return {"flops": float(f"{flops:.4g}"), "bytes_per_s": float(f"{bw:.4g}"), "sm_count": sms,
             "method": f"median over the measured shapes of 2*M*N*K/t at M = {int(grid[top])} (flops) and of "
-                      "2*N*K/t at M = 1 (bytes/s); used only for the ratio between neighbouring shapes"}
+                      "2*N*K/t at M = 1 (bytes/s); used only for the ratio between neighbouring shapes. sm_count "
+                      "(wave phase of predicted GEMMs) from " + ", ".join(gpu_files)}
 
 
 def attention_a100(data: Path) -> tuple[dict, dict, dict, list[str]]:
@@ -199,7 +212,7 @@ def build_family(data: Path, family: str, a100_ref: dict | None):
     for g in gemm:
         layers.setdefault((g["model"], g["tp"]), []).append((g["N"], g["K"]))
     meta: dict = {"family": family, "grid_tokens": f"{len(grid)} token counts {grid[0]}..{grid[-1]}",
-                  "sources": files, "roofline": roofline(grid, shapes, table)}
+                  "sources": files, "roofline": roofline(grid, shapes, table, family)}
     meta["elementwise"] = {}
     for op in ELEMENTWISE_OPS:
         pts = ew[ew["op"] == op].dropna()
@@ -235,7 +248,7 @@ def build_family(data: Path, family: str, a100_ref: dict | None):
                        "memory bound)")}
     meta["comm"] = comm_fits(data, family)
     loo = leave_one_model_out(grid.astype(float), shapes, table, owners, meta["roofline"]["flops"],
-                              meta["roofline"]["bytes_per_s"], GRID_MAX)
+                              meta["roofline"]["bytes_per_s"], meta["roofline"]["sm_count"], GRID_MAX)
     med, p90 = rel_err_summary(loo["rel_err"])
     lay = layer_errors(loo, layers)
     lmed, lp90 = rel_err_summary(lay["rel_err"])

@@ -12,7 +12,7 @@ import pytest
 from conftest import REPO, SHARED_DATA
 from sim.latency.kernels import (Arch, KernelModel, elementwise_bytes_per_token, fit_attention_points,
                                  fit_elementwise, gemm_shapes, layer_errors, leave_one_model_out, predict_gemm,
-                                 rel_err_summary, roofline_s)
+                                 rel_err_summary, roofline_s, wave_utilisation)
 
 QWEN32 = Arch(hidden_size=5120, intermediate_size=27648, num_q_heads=40, num_kv_heads=8, head_dim=128)
 FAMILIES = ("a100", "h100", "a40")
@@ -47,7 +47,7 @@ def test_prediction_is_exact_when_the_data_follow_the_roofline():
     grid = np.array([1.0, 64, 128, 1024, 4096])
     shapes = np.array([[1024, 1024], [4096, 1024], [1024, 4096], [8192, 8192], [2048, 2048]], dtype=float)
     table = np.array([roofline_s(grid, n, k, 1e14, 1e12) * 1e3 for n, k in shapes])
-    pred = predict_gemm(grid, shapes, table, 3000, 5000, 1e14, 1e12)
+    pred = predict_gemm(grid, shapes, table, 3000, 5000, 1e14, 1e12, 108)
     np.testing.assert_allclose(pred, roofline_s(grid, 3000, 5000, 1e14, 1e12) * 1e3, rtol=1e-12)
 
 
@@ -57,7 +57,7 @@ def test_prediction_keeps_the_neighbours_step_structure():
     steps = np.array([1.0, 1.0, 1.3, 1.3, 1.6, 1.6])     # a step at 64 and 128, in every measured shape
     shapes = np.array([[4096, 4096], [4096, 2048], [2048, 4096], [8192, 4096]], dtype=float)
     table = np.array([roofline_s(grid, n, k, 1e14, 1e12) * 1e3 * steps for n, k in shapes])
-    pred = predict_gemm(grid, shapes, table, 4096, 3072, 1e14, 1e12)
+    pred = predict_gemm(grid, shapes, table, 4096, 3072, 1e14, 1e12, 108)
     ratio = pred / (roofline_s(grid, 4096, 3072, 1e14, 1e12) * 1e3)
     np.testing.assert_allclose(ratio, steps, rtol=1e-9)
     assert base[0] > 0
@@ -113,11 +113,17 @@ def test_committed_kernel_data_is_consistent(family):
     assert set(km.meta["gemm_sources"]) == {f"{int(a)}x{int(b)}" for a, b in km.shapes}
 
 
+# Per-family single-GEMM LOO P90 reached by the wave-phase method (profiles/README.md), rounded up to 0.1 point;
+# the plain neighbour average it replaced gave 12.3 / 14.6 / 14.9%.
+LOO_P90_BOUND = {"a100": 0.114, "h100": 0.134, "a40": 0.136}
+
+
 @pytest.mark.parametrize("family", FAMILIES)
 def test_leave_one_model_out_from_committed_data(family):
     """Re-derive the LOO errors from the committed tables and guard them (profiles/README.md; targets: median
     5%, P90 10%). Per layer (the four GEMMs of one model and TP degree summed, what a stage time is built
-    from) both targets hold; per single GEMM the median holds and the P90 is 12.3-14.9% (the README says why)."""
+    from) both targets hold; per single GEMM the median holds and the P90 is 11.4-13.6% (the README says why),
+    and must not get worse than LOO_P90_BOUND."""
     km = KernelModel.load(family)
     owners, layers = [], {}
     for n, k in km.shapes:
@@ -126,18 +132,68 @@ def test_leave_one_model_out_from_committed_data(family):
         for src in srcs:       # "<mlp.csv path> tp<T> <vidur op>"
             path, tp, _ = src.split(" ")
             layers.setdefault((path.split("/")[-2], int(tp[2:])), []).append((int(n), int(k)))
-    loo = leave_one_model_out(km.grid.astype(float), km.shapes, km.table, owners, km.flops, km.bytes_per_s)
+    loo = leave_one_model_out(km.grid.astype(float), km.shapes, km.table, owners, km.flops, km.bytes_per_s,
+                              km.sm_count)
     med, p90 = rel_err_summary(loo["rel_err"])
     val = km.meta["validation"]
     assert med == pytest.approx(val["loo_median_rel_err"], abs=1e-4)
     assert p90 == pytest.approx(val["loo_p90_rel_err"], abs=1e-4)
-    assert med <= 0.05 and p90 <= 0.155
+    assert med <= 0.05 and p90 <= LOO_P90_BOUND[family]
     lay = layer_errors(loo, layers)
     lmed, lp90 = rel_err_summary(lay["rel_err"])
     assert lmed == pytest.approx(val["layer_median_rel_err"], abs=1e-4)
     assert lp90 == pytest.approx(val["layer_p90_rel_err"], abs=1e-4)
-    assert lmed <= 0.05 and lp90 <= 0.10
+    assert lmed <= 0.05 and lp90 <= 0.08
     assert len(lay) == val["layer_points"]
+
+
+def test_wave_utilisation_by_hand():
+    # A100, 108 SMs, N = 6912 = 54 tiles of 128: 256 tokens = 2 x 54 = 108 tiles, one full wave; 264 tokens =
+    # 3 x 54 = 162 tiles in 2 waves of 108 -> 162 / 216 = 0.75; 512 tokens = 216 tiles, 2 full waves.
+    u = wave_utilisation(np.array([256.0, 264, 512]), 6912, 108, (128, 128))
+    np.testing.assert_allclose(u, [1.0, 0.75, 1.0])
+    # Tiles of 128 rows x 256 columns: 27 column tiles; 256 tokens -> 54 tiles in one wave of 108 -> 0.5.
+    assert wave_utilisation(np.array([256.0]), 6912, 108, (128, 256))[0] == pytest.approx(0.5)
+    # H100, 132 SMs, N = 4096 (32 tiles of 128), 1 token: 1 tile row -> 32 / 132.
+    assert wave_utilisation(np.array([1.0]), 4096, 132, (128, 128))[0] == pytest.approx(32 / 132)
+    # 5 tile rows x 32 = 160 tiles -> 2 waves of 132 -> 160 / 264.
+    assert wave_utilisation(np.array([600.0]), 4096, 132, (128, 128))[0] == pytest.approx(160 / 264)
+
+
+def test_prediction_weights_neighbours_by_wave_phase():
+    """Two measured shapes at the same distance from the target (N x 2 and N / 2, same K); only the first has a
+    bump at 256 tokens, so the prediction there is exp(w0 / (w0 + w1) x log 1.5) with w = exp(-d / 0.1), d the
+    mean |log| difference of wave utilisation over the three tiles, worked out by hand for 3 SMs."""
+    sms = 3
+    grid = np.array([1.0, 128, 256, 384, 512])           # memory bound throughout: no re-indexing
+    flops, bw = 1e20, 1e12
+    shapes = np.array([[1024, 2048], [256, 2048]], dtype=float)
+    table = np.array([roofline_s(grid, n, k, flops, bw) * 1e3 for n, k in shapes])
+    table[0] *= np.array([1.0, 1.0, 1.5, 1.0, 1.0])
+    ratio = (predict_gemm(grid, shapes, table, 512, 2048, flops, bw, sms)
+             / (roofline_s(grid, 512, 2048, flops, bw) * 1e3))
+    # 256 tokens. Tiles 128 x 128: target 2 x 4 = 8 tiles in 3 waves -> 8/9; N 1024: 16 in 6 -> 8/9; N 256: 4 in 2
+    # -> 2/3. Tiles 128 x 256: target 2 x 2 = 4 -> 4/6; N 1024: 8 -> 8/9; N 256: 2 -> 2/3. Tiles 256 x 128:
+    # target 1 x 4 = 4 -> 4/6; N 1024: 8 -> 8/9; N 256: 2 -> 2/3.
+    d0 = (0 + 2 * np.log(4 / 3)) / 3
+    d1 = (np.log(4 / 3) + 0 + 0) / 3
+    w0, w1 = np.exp(-d0 / 0.1), np.exp(-d1 / 0.1)
+    assert ratio[2] == pytest.approx(np.exp(w0 / (w0 + w1) * np.log(1.5)), rel=1e-9)
+    np.testing.assert_allclose(ratio[[0, 1, 3, 4]], 1.0, rtol=1e-9)
+
+
+def test_prediction_reads_neighbours_at_the_targets_tile_count_when_compute_bound():
+    """One neighbour with half the target's N (8 vs 16 column tiles of 128): where compute bound (M >= 3 x
+    flops / bytes_per_s = 3 tokens here) it is read both at M and at 2 M (the same number of output tiles),
+    half and half in log-time; at 1 token (memory bound) and where 2 M is off the grid only at M."""
+    grid = np.array([1.0, 64, 128, 256, 512, 1024])
+    flops, bw = 1e12, 1e12
+    shapes = np.array([[1024, 1024]], dtype=float)
+    bump = np.array([1.0, 1.0, 1.0, 1.0, 2.0, 1.0])      # the neighbour is twice as slow at 512 tokens only
+    table = roofline_s(grid, 1024, 1024, flops, bw)[None, :] * 1e3 * bump
+    ratio = (predict_gemm(grid, shapes, table, 2048, 1024, flops, bw, 108)
+             / (roofline_s(grid, 2048, 1024, flops, bw) * 1e3))
+    np.testing.assert_allclose(ratio, [1.0, 1.0, 1.0, np.sqrt(2), np.sqrt(2), 1.0], rtol=1e-9)
 
 
 def test_layer_errors_sum_the_four_gemms():

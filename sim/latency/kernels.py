@@ -8,11 +8,19 @@ What it models (per layer, one TP shard, milliseconds, at the token counts of th
   shapes nearest in (log N, `K_WEIGHT` x log K): each neighbour's measured curve is scaled by the ratio
   of a roofline cost, `max(2 M N K / flops, 2 (N K + M K + M N) / bytes_per_s) + launch`, at the target
   and at the neighbour's shape, and the scaled curves are averaged geometrically with inverse-squared-
-  distance weights. The step structure over M (tile quantisation at multiples of 64/128) therefore
-  comes from measured curves, and only the level is interpolated in N and K. N counts more than K in
-  the distance because N (with M) sets the grid of output tiles over the SMs, i.e. where the curve
-  steps and how full each wave is, while K only sets the length of each tile's loop, which the roofline
-  ratio already scales (leave-one-model-out: profiles/README.md).
+  distance weights. N counts more than K in the distance because N (with M) sets the grid of output
+  tiles over the SMs, i.e. where the curve steps and how full each wave is, while K only sets the length
+  of each tile's loop, which the roofline ratio already scales.
+  The measured curves are saw-tooths over M: the time stays flat while the output tiles fill a wave
+  over the SMs and jumps when a new wave starts, at token counts that depend on N. Two rules carry
+  that wave structure from the neighbours to the target (`predict_gemm`):
+  (1) at each token count a neighbour's weight is multiplied by `exp(-d / PHASE_SCALE)`, d the mean
+  |log| difference between the target's and the neighbour's wave utilisation (output tiles / (waves x
+  SMs), `wave_utilisation`, averaged over the `WAVE_TILES` cuBLAS may pick), so neighbours in the same
+  wave phase count more; (2) where the GEMM is compute bound (M >= `REINDEX_RIDGE` x flops / bytes_per_s),
+  each neighbour is also read at the token count that gives it the target's number of output tiles
+  (M ceil(N / 128) / ceil(N_i / 128)), i.e. the same number of waves, and that reading is averaged
+  (`REINDEX_MIX`) with the reading at the same M (leave-one-model-out: profiles/README.md).
 - **Element-wise ops** (activation, RoPE, the two RMSNorms, the residual add) by bytes moved:
   `a + b * bytes`, one (a, b) per op, fitted by non-negative least squares in relative error.
 - **Attention**: prefill `a + b_c c + b_c2 c^2 + b_cp c p` per 32 x 128 query dims and decode
@@ -48,10 +56,20 @@ ELEMENTWISE_OPS = ("act", "rope", "rmsnorm", "residual_add")
 VIDUR_OP = {"qkv_proj": "attn_pre_proj", "o_proj": "attn_post_proj", "gate_up_proj": "mlp_up_proj",
             "down_proj": "mlp_down_proj", "act": "mlp_act", "rope": "attn_rope", "residual_add": "add",
             "rmsnorm": "input_layernorm"}
-NEIGHBOURS = 8            # measured shapes averaged per prediction
+NEIGHBOURS = 16           # measured shapes averaged per prediction (8-24 give the same errors within 0.3 points)
 K_WEIGHT = 0.25           # weight of log K against log N in the neighbour distance (N sets the tile grid)
 DISTANCE_FLOOR = 0.05     # log-distance added before inverse-distance weighting (an exact hit dominates)
 LAUNCH_S = 5e-6           # per-kernel floor of the roofline cost ratio
+# Output tiles (rows of M x columns of N) of the bf16 tensor-core GEMM kernels cuBLAS/CUTLASS mostly run on
+# Ampere and Hopper at these sizes; which one cuBLAS picks for a shape that was not measured is unknown, so
+# the wave phase is averaged over the three.
+WAVE_TILES = ((128, 128), (128, 256), (256, 128))
+PHASE_SCALE = 0.1         # mean |log utilisation| difference at which a neighbour's weight drops by 1/e
+                          # (0.05-0.2 give the same errors within 0.3 points)
+REINDEX_RIDGE = 3.0       # re-index neighbours only at M >= 3 x the roofline ridge flops/bytes_per_s (tokens;
+                          # A100 ~480, H100 ~860, A40 ~620), where the time follows the output tiles
+REINDEX_TILE_N = 128      # N columns per output tile when counting tiles for the re-indexing
+REINDEX_MIX = 0.5         # weight of the re-indexed reading against the same-M reading (log-time)
 PREFILL_REF_DIMS = 32 * 128    # query heads x head dim the prefill coefficients are stated for
 DECODE_REF_DIMS = 1024         # KV heads x head dim the decode coefficient is stated for
 
@@ -97,19 +115,45 @@ def roofline_s(m: np.ndarray, n: float, k: float, flops: float, bytes_per_s: flo
     return np.maximum(fl, by) + LAUNCH_S
 
 
+def wave_utilisation(m: np.ndarray, n: float, sm_count: int, tile: tuple[int, int]) -> np.ndarray:
+    """Fraction of the SM slots that do work when an M x N output is cut into `tile` = (rows, columns) tiles,
+    one tile per SM per wave: tiles / (waves x SMs), tiles = ceil(M / rows) ceil(N / columns), waves =
+    ceil(tiles / SMs). 1 when the last wave is full; a step down where a new wave starts."""
+    tiles = np.ceil(np.asarray(m, float) / tile[0]) * math.ceil(n / tile[1])
+    return tiles / (np.ceil(tiles / sm_count) * sm_count)
+
+
+def _log_utilisation(m: np.ndarray, n: float, sm_count: int) -> np.ndarray:
+    return np.array([np.log(wave_utilisation(m, n, sm_count, t)) for t in WAVE_TILES])
+
+
 def predict_gemm(grid: np.ndarray, shapes: np.ndarray, table: np.ndarray, n: int, k: int,
-                 flops: float, bytes_per_s: float) -> np.ndarray:
-    """ms over `grid` for shape (n, k) from measured `shapes` (S x 2) with curves `table` (S x G)."""
+                 flops: float, bytes_per_s: float, sm_count: int) -> np.ndarray:
+    """ms over `grid` for shape (n, k) from measured `shapes` (S x 2) with curves `table` (S x G) of a GPU with
+    `sm_count` SMs (module docstring: neighbours, roofline ratio, wave-phase weights, tile re-indexing)."""
+    grid = np.asarray(grid, float)
     dist = np.hypot(np.log(shapes[:, 0] / n), K_WEIGHT * np.log(shapes[:, 1] / k))
     idx = np.argsort(dist, kind="stable")[:NEIGHBOURS]
     target = roofline_s(grid, n, k, flops, bytes_per_s)
+    target_util = _log_utilisation(grid, n, sm_count)
+    compute_bound = grid >= REINDEX_RIDGE * flops / bytes_per_s
     logs, weights = [], []
     for i in idx:
-        ratio = target / roofline_s(grid, shapes[i, 0], shapes[i, 1], flops, bytes_per_s)
-        logs.append(np.log(table[i] * ratio))
-        weights.append(1.0 / (dist[i] + DISTANCE_FLOOR) ** 2)
-    w = np.array(weights) / sum(weights)
-    return np.exp(np.sum(np.array(logs) * w[:, None], axis=0))
+        ni, ki = shapes[i, 0], shapes[i, 1]
+        same_m = np.log(table[i] * target / roofline_s(grid, ni, ki, flops, bytes_per_s))
+        # The token count at which neighbour i has the target's number of output tiles (so as many waves),
+        # read at the first grid point at or above it (the time is flat up to the next tile boundary).
+        m_eq = grid * math.ceil(n / REINDEX_TILE_N) / math.ceil(ni / REINDEX_TILE_N)
+        j = np.minimum(np.searchsorted(grid, m_eq), len(grid) - 1)
+        reindexed = np.log(table[i][j] * target / roofline_s(grid[j], ni, ki, flops, bytes_per_s))
+        use = compute_bound & (m_eq <= grid[-1])
+        logs.append(np.where(use, REINDEX_MIX * reindexed + (1 - REINDEX_MIX) * same_m, same_m))
+        phase = np.mean(np.abs(_log_utilisation(grid, ni, sm_count) - target_util), axis=0)
+        # A re-indexed reading is in the target's wave phase by construction: no phase weight there.
+        weights.append(np.where(use, 1.0, np.exp(-phase / PHASE_SCALE)) / (dist[i] + DISTANCE_FLOOR) ** 2)
+    w = np.array(weights)
+    w /= w.sum(axis=0)
+    return np.exp(np.sum(np.array(logs) * w, axis=0))
 
 
 def fit_nnls_rel(X: np.ndarray, t: np.ndarray, w: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
@@ -151,7 +195,7 @@ def _quality(err: np.ndarray) -> dict:
 
 
 def leave_one_model_out(grid: np.ndarray, shapes: np.ndarray, table: np.ndarray, owners: list[set[str]],
-                        flops: float, bytes_per_s: float, max_tokens: int = 4096) -> pd.DataFrame:
+                        flops: float, bytes_per_s: float, sm_count: int, max_tokens: int = 4096) -> pd.DataFrame:
     """For each model, predict each of its shapes from the shapes no held-out model has.
 
     `owners[i]` names the models that have shape i (identical shapes of two models, e.g. Llama-2-70B and
@@ -163,7 +207,8 @@ def leave_one_model_out(grid: np.ndarray, shapes: np.ndarray, table: np.ndarray,
     for model in models:
         held = np.array([model in o for o in owners])
         for i in np.flatnonzero(held):
-            pred = predict_gemm(grid, shapes[~held], table[~held], shapes[i, 0], shapes[i, 1], flops, bytes_per_s)
+            pred = predict_gemm(grid, shapes[~held], table[~held], shapes[i, 0], shapes[i, 1], flops, bytes_per_s,
+                                sm_count)
             n, k = int(shapes[i, 0]), int(shapes[i, 1])
             for m, p, t in zip(grid[keep_m], pred[keep_m], table[i][keep_m]):
                 rows.append((model, n, k, int(m), float(p), float(t), float(p / t - 1)))
@@ -201,6 +246,7 @@ class KernelModel:
         rf = meta["roofline"]
         self.flops = float(rf["flops"])
         self.bytes_per_s = float(rf["bytes_per_s"])
+        self.sm_count = int(rf["sm_count"])
 
     @classmethod
     def load(cls, family: str, kernels_dir: Path = KERNELS_DIR) -> "KernelModel":
@@ -209,6 +255,9 @@ class KernelModel:
         for section in ("roofline", "elementwise", "attention"):
             if section not in meta:
                 raise DataError(f"{toml_path}: missing section [{section}]")
+        sms = meta["roofline"].get("sm_count")
+        if isinstance(sms, bool) or not isinstance(sms, int) or sms <= 0:
+            raise DataError(f"{toml_path}: [roofline] sm_count must be a positive integer, got {sms!r}")
         csv = kernels_dir / f"{family}-gemm.csv"
         if not csv.is_file():
             raise DataError(f"{csv}: kernel GEMM table missing (profiles/build_kernels.py writes it)")
@@ -230,7 +279,8 @@ class KernelModel:
         hit = np.flatnonzero((self.shapes[:, 0] == n) & (self.shapes[:, 1] == k))
         if len(hit):
             return self.table[hit[0]].copy()
-        return predict_gemm(self.grid.astype(float), self.shapes, self.table, n, k, self.flops, self.bytes_per_s)
+        return predict_gemm(self.grid.astype(float), self.shapes, self.table, n, k, self.flops, self.bytes_per_s,
+                            self.sm_count)
 
     def gemm_is_measured(self, n: int, k: int) -> bool:
         return bool(np.any((self.shapes[:, 0] == n) & (self.shapes[:, 1] == k)))
