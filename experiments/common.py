@@ -160,6 +160,26 @@ def best_static(good: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(out)
 
 
+def fold_seeds(g: pd.DataFrame, cols, ci: dict | None = None) -> dict:
+    """The mean over the seeds (rows of `g`) of each column in `cols`, in order, each followed,
+    for a column `ci` names, by its 95% CI under the two names given there (`sim.sweep.mean_ci`)."""
+    from sim.sweep import mean_ci
+
+    ci = ci or {}
+    row = {}
+    for col in cols:
+        m, lo, hi = mean_ci(g[col].astype(float).tolist())
+        row[col] = m
+        if col in ci:
+            row[ci[col][0]], row[ci[col][1]] = lo, hi
+    return row
+
+
+def statuses(g: pd.DataFrame) -> str:
+    """The seeds' run statuses, each once (e.g. "ok;stopped")."""
+    return ";".join(sorted(set(g["status"])))
+
+
 def aggregate_goodput(good: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
     """Mean and 95% CI of goodput over seeds."""
     from sim.sweep import mean_ci

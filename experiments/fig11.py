@@ -14,10 +14,11 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from experiments.common import Context, aggregate_goodput, best_static, goodput_study, savefig  # noqa: E402
+from experiments.common import (Context, aggregate_goodput, best_static, fold_seeds, goodput_study,  # noqa: E402
+                                savefig, statuses)
 from experiments.runs import QUANTILES, distribution_runner  # noqa: E402
 from sim.schemes import scheme_table  # noqa: E402
-from sim.sweep import mean_ci, with_rate  # noqa: E402
+from sim.sweep import with_rate  # noqa: E402
 
 MODEL = "qwen2.5-32b"
 CASES = (("azure-conv", 4.0, 400), ("cnn", 5.0, 1000), ("cnn-reversed", 8.0, 1000))
@@ -62,13 +63,11 @@ def compute(ctx: Context) -> dict[str, pd.DataFrame]:
     rows = []
     for (wl, scheme), g in pd.DataFrame(per_seed).groupby(["workload", "scheme"], sort=False):
         row = {k: g.iloc[0][k] for k in ("model", "workload", "scheme", "chunk", "rate_rps")}
-        for col in ("p50_iter_ms", "p90_iter_ms", "p99_iter_ms", "mean_iter_ms", "p90_ttft_ms", "p90_tpot_ms"):
-            m, lo, hi = mean_ci(g[col].astype(float).tolist())
-            row[col] = m
-            if col in ("p90_iter_ms", "p99_iter_ms"):
-                row[f"{col}_ci_lo"], row[f"{col}_ci_hi"] = lo, hi
+        row.update(fold_seeds(g, ("p50_iter_ms", "p90_iter_ms", "p99_iter_ms", "mean_iter_ms", "p90_ttft_ms",
+                                  "p90_tpot_ms"),
+                              ci={c: (f"{c}_ci_lo", f"{c}_ci_hi") for c in ("p90_iter_ms", "p99_iter_ms")}))
         row["num_iterations"] = int(g["num_iterations"].mean())
-        row["status"] = ";".join(sorted(set(g["status"])))
+        row["status"] = statuses(g)
         row["num_seeds"] = len(g)
         rows.append(row)
     df, cdf_df = pd.DataFrame(rows), pd.DataFrame(cdf)

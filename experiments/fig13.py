@@ -10,9 +10,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from experiments.common import Context, savefig  # noqa: E402
+from experiments.common import Context, fold_seeds, savefig, statuses  # noqa: E402
 from sim.schemes import scheme_table  # noqa: E402
-from sim.sweep import mean_ci  # noqa: E402
 
 MODEL = "qwen2.5-32b"
 CASES = (("prefill-heavy", 5.0), ("decode-heavy", 14.0))
@@ -37,9 +36,9 @@ def compute(ctx: Context) -> dict[str, pd.DataFrame]:
                                  "value_ms": r[f"{stat}_{metric}_ms"], "status": r["status"]})
     rows = []
     for key, g in pd.DataFrame(per_seed).groupby(["case", "scheme", "metric", "stat"], sort=False):
-        m, lo, hi = mean_ci(g["value_ms"].astype(float).tolist())
-        rows.append({**dict(zip(("case", "scheme", "metric", "stat"), key)), "value_ms": m, "ci_lo_ms": lo,
-                     "ci_hi_ms": hi, "num_seeds": len(g), "status": ";".join(sorted(set(g["status"])))})
+        rows.append({**dict(zip(("case", "scheme", "metric", "stat"), key)),
+                     **fold_seeds(g, ("value_ms",), ci={"value_ms": ("ci_lo_ms", "ci_hi_ms")}),
+                     "num_seeds": len(g), "status": statuses(g)})
     df = pd.DataFrame(rows)
     ctx.write(df, "fig13.csv")
     return {"fig13.csv": df}

@@ -11,11 +11,10 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from experiments.common import Context, savefig  # noqa: E402
+from experiments.common import Context, fold_seeds, savefig, statuses  # noqa: E402
 from experiments.fig11 import best_chunks  # noqa: E402
 from experiments.runs import QUANTILES, distribution_runner  # noqa: E402
 from sim.schemes import scheme_table  # noqa: E402
-from sim.sweep import mean_ci  # noqa: E402
 
 MODEL = "qwen2.5-32b"
 SCHEMES = ("TP", "PP_2048", "PP_static", "DCP_greedy", "DCP_pred", "DCP_pred+DS")
@@ -56,16 +55,13 @@ def compute(ctx: Context) -> dict[str, pd.DataFrame]:
     per_seed, cdf_df = pd.DataFrame(rows), pd.DataFrame(cdf)
     out = []
     for (scheme, tpot), g in per_seed.groupby(["scheme", "tpot_slo_ms"], sort=False):
-        row = {"scheme": scheme, "tpot_slo_ms": tpot}
-        for col in ("slo_attainment", "finished_within_60s", "ttft_attainment", "tpot_attainment",
-                    "p90_ttft_ms", "p90_tpot_ms", "p90_e2e_ms"):
-            m, lo, hi = mean_ci(g[col].astype(float).tolist())
-            row[col] = m
-            if col == "slo_attainment":
-                row["slo_attainment_ci_lo"], row["slo_attainment_ci_hi"] = lo, hi
+        row = {"scheme": scheme, "tpot_slo_ms": tpot,
+               **fold_seeds(g, ("slo_attainment", "finished_within_60s", "ttft_attainment", "tpot_attainment",
+                                "p90_ttft_ms", "p90_tpot_ms", "p90_e2e_ms"),
+                            ci={"slo_attainment": ("slo_attainment_ci_lo", "slo_attainment_ci_hi")})}
         row["num_requests"] = int(g["num_requests"].iloc[0])
         row["num_seeds"] = len(g)
-        row["status"] = ";".join(sorted(set(g["status"])))
+        row["status"] = statuses(g)
         out.append(row)
     df = pd.DataFrame(out)
     ctx.write(df, "fig14.csv")

@@ -34,6 +34,18 @@ NEW_TOKEN_RATIO_DECAY = (INIT_NEW_TOKEN_RATIO - MIN_NEW_TOKEN_RATIO) / 600
 CONTINUE, NO_TOKEN, OTHER = "continue", "no_token", "other"
 
 
+def _lengths(reqs, ctx: int = 0, total: int = 0, top: int = 0) -> tuple[int, int, int]:
+    """(summed context, summed tokens left, most tokens left) of `reqs`, on top of the given ones."""
+    for r in reqs:
+        out = r.out_len
+        ctx += r.prompt_len + out
+        left = r.max_new - out
+        total += left
+        if left > top:
+            top = left
+    return ctx, total, top
+
+
 class RunFailed(Exception):
     """The real server would exit here (e.g. KV allocation failure in a prefill batch)."""
 
@@ -188,17 +200,7 @@ class Scheduler:
         self.kv_free -= len(reqs)
         # NOTE: each request's own count (kv_held) takes the slot when its token comes back
         # (process_result, counted by its decode segment).
-        if known is not None:
-            return known
-        ctx = total = top = 0
-        for r in reqs:
-            out = r.out_len
-            ctx += r.prompt_len + out
-            left = r.max_new - out
-            total += left
-            if left > top:
-                top = left
-        return ctx, total, top
+        return known if known is not None else _lengths(reqs)
 
     def _free(self, req: Req) -> None:
         req.settle()
@@ -264,13 +266,7 @@ class Scheduler:
         kept = [p[0] for p in last.prefill if p[0] is not chunked and not p[0].finished]
         # what the emission left of the decodes, plus the prefilled requests that stay
         ctx, done, total, top = last.after
-        for r in kept:
-            out = r.out_len
-            ctx += r.prompt_len + out
-            left = r.max_new - out
-            total += left
-            if left > top:
-                top = left
+        ctx, total, top = _lengths(kept, ctx, total, top)
         kept += last.decodes if done == 0 else [r for r in last.decodes if not r.finished]
         # (the request being chunked is never a decode)
         if len(kept) < sum(1 for p in last.prefill if p[0] is not chunked) + len(last.decodes):
