@@ -5,7 +5,12 @@ An azure-conv-like load (the `azure-conv-synth` length model, Poisson arrivals) 
 the A100-40GB PCIe profile. Workload generation is excluded from the timing (it is done once
 per run, before the simulation, as in every sweep).
 
-Run: `python benchmarks/engine.py [--quick] [--repeats N] [--baseline REF]`.
+Run: `python benchmarks/engine.py [--quick] [--repeats N] [--baseline REF] [--policies]`.
+
+`--policies` times, instead, the dynamic chunk controllers on an overloaded server (the runs a
+goodput search makes just above the goodput, where the waiting queue grows to thousands):
+DCP_pred and DCP_pred+DS on azure-conv at 10 req/s, 4,000 requests, Qwen2.5-32B PP=4 (needs the
+Azure trace: `PIPESIM_CACHE`, set to /work/shared/data/azure-llm-inference-2023 when unset).
 
 With `--baseline REF` (a commit, e.g. 950d8b4) the same points also run on REF, checked out in
 a temporary `git worktree`: every measurement is a fresh subprocess importing `sim` from one
@@ -35,15 +40,29 @@ LAYOUTS = {
 }
 
 
+POLICY_LAYOUTS = ("DCP_pred", "DCP_pred+DS")  # `--policies`: schemes on azure-conv (sim.schemes)
+
+
+def _table(layout: str, num: int, rate: float) -> dict:
+    if layout in POLICY_LAYOUTS:
+        import os
+
+        from sim.schemes import scheme_table
+
+        os.environ.setdefault("PIPESIM_CACHE", "/work/shared/data/azure-llm-inference-2023")
+        return scheme_table(layout, "qwen2.5-32b", {"name": "azure-conv", "num_requests": num, "rate_rps": rate},
+                            seed=1)
+    return {"seed": 1, **LAYOUTS[layout],
+            "workload": {"name": "azure-conv-synth", "rate_rps": rate, "num_requests": num}}
+
+
 def bench(layout: str, num: int, rate: float, repeats: int) -> dict:
     """Best of `repeats` timed runs of one point, with the `sim` package found on sys.path."""
     from sim.config import config_from_table
     from sim.engine.run import run
     from sim.workloads import build_workload
 
-    table = {"seed": 1, **LAYOUTS[layout],
-             "workload": {"name": "azure-conv-synth", "rate_rps": rate, "num_requests": num}}
-    cfg = config_from_table(table)
+    cfg = config_from_table(_table(layout, num, rate))
     reqs = build_workload(cfg.workload, seed=cfg.seed)
     # untimed warm-up: a short run imports what a run needs (lazily imported libraries too)
     run(cfg, requests=reqs[:20])
@@ -108,10 +127,14 @@ def main() -> None:
     ap.add_argument("--baseline", metavar="REF", help="also time commit REF (git worktree) and print the ratio")
     ap.add_argument("--rate", type=float, action="append", help="arrival rates (default 4 and 8 req/s)")
     ap.add_argument("--layout", choices=list(LAYOUTS), action="append", help="layouts (default both)")
+    ap.add_argument("--policies", action="store_true",
+                    help="time DCP_pred and DCP_pred+DS on an overloaded azure-conv server instead")
     args = ap.parse_args()
     sizes = [400] if args.quick else [400, 10_000]
     points = [(layout, num, rate) for layout in (args.layout or list(LAYOUTS)) for num in sizes
               for rate in (args.rate or [4.0, 8.0])]
+    if args.policies:
+        points = [(layout, 4_000, 10.0) for layout in POLICY_LAYOUTS]
     if args.baseline:
         compare(args.baseline, points, args.repeats)
         return
