@@ -22,7 +22,7 @@ from collections import deque
 from itertools import islice
 from operator import itemgetter
 
-from sim.engine.state import DECODE, EXTEND, FINISHED, MIXED, RUNNING, WAITING, MicroBatch, Req
+from sim.engine.state import DECODE, EXTEND, FINISHED, MIXED, RUNNING, WAITING, MicroBatch, Req, lengths
 
 # SGLang / FastPP constants (python/sglang/global_config.py, schedule_policy.py).
 CLIP_MAX_NEW_TOKENS = 4096
@@ -32,18 +32,6 @@ MIN_NEW_TOKEN_RATIO = 0.7 * 0.14
 NEW_TOKEN_RATIO_DECAY = (INIT_NEW_TOKEN_RATIO - MIN_NEW_TOKEN_RATIO) / 600
 
 CONTINUE, NO_TOKEN, OTHER = "continue", "no_token", "other"
-
-
-def _lengths(reqs, ctx: int = 0, total: int = 0, top: int = 0) -> tuple[int, int, int]:
-    """(summed context, summed tokens left, most tokens left) of `reqs`, on top of the given ones."""
-    for r in reqs:
-        out = r.out_len
-        ctx += r.prompt_len + out
-        left = r.max_new - out
-        total += left
-        if left > top:
-            top = left
-    return ctx, total, top
 
 
 class RunFailed(Exception):
@@ -200,7 +188,7 @@ class Scheduler:
         self.kv_free -= len(reqs)
         # NOTE: each request's own count (kv_held) takes the slot when its token comes back
         # (process_result, counted by its decode segment).
-        return known if known is not None else _lengths(reqs)
+        return known if known is not None else lengths(reqs)
 
     def _free(self, req: Req) -> None:
         req.settle()
@@ -266,7 +254,7 @@ class Scheduler:
         kept = [p[0] for p in last.prefill if p[0] is not chunked and not p[0].finished]
         # what the emission left of the decodes, plus the prefilled requests that stay
         ctx, done, total, top = last.after
-        ctx, total, top = _lengths(kept, ctx, total, top)
+        ctx, total, top = lengths(kept, ctx, total, top)
         kept += last.decodes if done == 0 else [r for r in last.decodes if not r.finished]
         # (the request being chunked is never a decode)
         if len(kept) < sum(1 for p in last.prefill if p[0] is not chunked) + len(last.decodes):
@@ -347,13 +335,11 @@ class Scheduler:
         mode = EXTEND
         known = (0, 0, 0)
         if slot.running is not None:
-            live, known = self._live(slot)
+            live, summary = self._live(slot)
             if live:
-                known = self._alloc_decode(live, "mixed", now_s, known)
+                known = self._alloc_decode(live, "mixed", now_s, summary)
                 decodes = live
                 mode = MIXED
-            else:
-                known = (0, 0, 0)
             slot.running = None
         return MicroBatch(self.num_launched, slot.index, mode, prefill, decodes, adder.new_chunked, self.chunk_size,
                           decode_ctx=known[0], decode_left=known[1:])
@@ -538,14 +524,9 @@ class PrefillAdder:
                     if running is s.sampled:  # (known from its emission: Slot.summary)
                         _ctx, _done, left, most = s.summary
                         total += left
-                        if most > top:
-                            top = most
-                        continue
-                    for r in running:
-                        left = r.max_new - r.out_len
-                        total += left
-                        if left > top:
-                            top = left
+                        top = max(top, most)
+                    else:
+                        _ctx, total, top = lengths(running, 0, total, top)
             self._totals = (total, top, n)
         return self._totals
 

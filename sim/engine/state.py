@@ -15,6 +15,19 @@ DECODE, EXTEND, MIXED = "decode", "extend", "mixed"
 WAITING, RUNNING, FINISHED = "waiting", "running", "finished"
 
 
+def lengths(reqs, ctx: int = 0, total: int = 0, top: int = 0) -> tuple[int, int, int]:
+    """(summed context, summed tokens left, most tokens left) of `reqs`, on top of the given ones:
+    context = prompt + output so far, tokens left = max_new - output so far."""
+    for r in reqs:
+        out = r.out_len
+        ctx += r.prompt_len + out
+        left = r.max_new - out
+        total += left
+        if left > top:
+            top = left
+    return ctx, total, top
+
+
 class Req:
     """One request as the server sees it (SGLang's `Req`, reduced to what timing needs).
 
@@ -131,18 +144,15 @@ class MicroBatch:
             tokens += new
             c2 += new * new
             cp += new * prefix
-        ctx = decode_ctx
-        if ctx is None:
-            ctx = 0
-            for r in decodes:
-                ctx += r.prompt_len + r.out_len
-        self.stats = BatchStats(tokens, len(prefill), c2, cp, len(decodes), ctx)
-        # the decodes' summed and largest tokens left (max_new - out_len) at launch, and what the
-        # token emission leaves of the decodes (the scheduler's Slot.summary), for its bookkeeping
-        if decode_left is None:
-            decode_left = (sum(r.max_new - r.out_len for r in decodes),
-                           max((r.max_new - r.out_len for r in decodes), default=0))
+        # the decodes' summed context, and their summed and largest tokens left at launch (the
+        # scheduler passes what it knows; else one walk)
+        if decode_ctx is None or decode_left is None:
+            ctx, *left = lengths(decodes)
+            decode_ctx = ctx if decode_ctx is None else decode_ctx
+            decode_left = left if decode_left is None else decode_left
+        self.stats = BatchStats(tokens, len(prefill), c2, cp, len(decodes), decode_ctx)
         self.left_sum, self.left_top = decode_left
+        # what the token emission leaves of the decodes (the scheduler's Slot.summary)
         self.after: tuple[int, int, int, int] | None = None
         self.stage_s: tuple[float, ...] = ()
         # its policy descriptions (view.BatchInfo.of), made once: a batch in flight is described
