@@ -390,10 +390,14 @@ class Search:
     min_window_s: float | None = None  # None: the sweep's window at its highest rate (see `window_s`)
     slo: SLO | None = None
     full_sweep: bool | None = None  # None: as `goodput_searches` is told
-    # For rates off the sweep (extension, bisection): a cheaper table giving the same verdict
-    # under `slo` (e.g. `table` with an early stop at `slo`), used unless `table` at that rate is
-    # already cached. None: `table` everywhere.
+    # For rates off the sweep (extension, bisection), and every rate of a hinted climb: a cheaper
+    # table giving the same verdict under `slo` (e.g. `table` with an early stop at `slo`), used
+    # unless `table` at that rate is already cached. None: `table` everywhere.
     probe_table: dict | None = None
+    # Where a climbing search starts (req/s): e.g. the goodput another seed found for the same
+    # scheme. None: at the lowest sweep rate. Only the number of runs depends on it when the
+    # outcome is monotone in the rate (`_climb`).
+    hint_rps: float | None = None
 
     def __post_init__(self) -> None:
         if self.slo is None:
@@ -415,7 +419,8 @@ class Search:
 
     def at(self, rate: float, cached: Callable[[dict], bool] | None = None) -> dict:
         t = with_rate(self.table, rate, self.window_s)
-        if self.probe_table is None or rate in self.rates or (cached is not None and cached(t)):
+        # `cached` unknown: the sweep's own rates run `table` (they are the ones other studies share)
+        if self.probe_table is None or (cached(t) if cached is not None else rate in self.rates):
             return t
         return with_rate(self.probe_table, rate, self.window_s)
 
@@ -428,23 +433,20 @@ def goodput_searches(runner: Runner, searches: list[Search], tol: float = 0.05, 
 
     A full sweep (`full_sweep=True`, or a search's own `full_sweep`) runs every rate of the
     sweep in the first parallel batch (the artifact's sweep, for per-rate figures); otherwise a
-    search climbs the rates `step` at a time and stops at its first failing rate (same goodput
-    when the outcome is monotone, far fewer overloaded runs; non-monotone outcomes above the
-    first failure go unseen). Both kinds share the batches."""
-    todo = {}
-    for s in searches:
-        full = full_sweep if s.full_sweep is None else s.full_sweep
-        todo[id(s)] = (sorted(s.rates), len(s.rates) if full else step)
+    search climbs the rates `step` at a time from its `hint_rps` (or the lowest rate) until a
+    passing and a failing rate are adjacent (`_climb`: same goodput when the outcome is
+    monotone, far fewer runs; non-monotone outcomes outside the rates run go unseen). Both
+    kinds share the batches."""
+    first = {id(s): (full_sweep if s.full_sweep is None else s.full_sweep) for s in searches}
     while True:
         jobs = []
         for s in searches:
-            rates, n = todo[id(s)]
-            if rates and not any(not s.passes(r) for r in s.results):
-                jobs += [(s, r) for r in rates[:n]]
-                todo[id(s)] = (rates[n:], step)
+            jobs += [(s, r) for r in (sorted(s.rates) if first[id(s)] else _climb(s, step))]
+            first[id(s)] = False
         if not jobs:
             break
-        res = runner.run([s.at(r) for s, r in jobs], desc=f"{desc}: sweep")
+        res = runner.run([s.at(r, runner.has if s.hint_rps is not None else None) for s, r in jobs],
+                         desc=f"{desc}: sweep")
         for (s, r), out in zip(jobs, res):
             s.results[r] = out
     for s in searches:
@@ -505,6 +507,28 @@ def _probe(runner: Runner, probes: list[tuple[Search, float]], desc: str, fail_f
             s.hi = r
             if fail_flag:
                 s.flag = fail_flag
+
+
+def _climb(s: Search, step: int) -> list[float]:
+    """The next sweep rates a climbing search runs: first the sweep rate at or below its hint
+    (default: the lowest rate) and the one above; then, while every rate run passes, the `step`
+    rates above the highest pass, or, once a rate fails, the `step` rates below the lowest failure
+    down to the highest pass; nothing once a pass and a failure are adjacent sweep rates (or a
+    failure is at the bottom, or every rate up to the top passes). When the outcome is monotone
+    in the rate this brackets the goodput between the same two sweep rates wherever it starts."""
+    rates = sorted(s.rates)
+    if not s.results:
+        hint = rates[0] if s.hint_rps is None else s.hint_rps
+        i = max(sum(r <= hint for r in rates) - 1, 0)
+        return rates[i:i + 2]
+    fails = [r for r in s.results if not s.passes(r)]
+    if fails:
+        top_fail = min(fails)
+        passes = [r for r in s.results if r < top_fail and s.passes(r)]
+        floor = max(passes) if passes else -math.inf
+        gap = [r for r in rates if floor < r < top_fail and r not in s.results]
+        return gap[::-1][:step]
+    return [r for r in rates if r > max(s.results) and r not in s.results][:step]
 
 
 def _bracket(s: Search) -> None:

@@ -293,7 +293,7 @@ def test_studies_share_runs_that_do_not_read_the_slo(tmp_path):
         dynamic = t["scheduler"]["chunk_policy"]["name"] != "static"
         scaled = t["slo"]["ttft_ms"] != 2000.0
         off_sweep = t["workload"]["rate_rps"] not in (1, 3, 5, 7, 9)  # the quick sweep's rates
-        if scaled and (dynamic or off_sweep):
+        if scaled and (dynamic or off_sweep or t["seed"] != 1):  # the 2nd seed's climb is a probe
             assert t["slo"]["stop_when_violated"] is True and t["slo"]["ttft_ms"] == 1000.0
         else:
             assert "stop_when_violated" not in t["slo"] and t["slo"]["ttft_ms"] == 2000.0
@@ -302,6 +302,28 @@ def test_studies_share_runs_that_do_not_read_the_slo(tmp_path):
     rates = {s: {t["workload"]["rate_rps"] for t in figs if t["seed"] == s and t["parallel"]["tp"] == 4}
              for s in (1, 2)}
     assert {1.0, 3.0, 5.0, 7.0, 9.0} <= rates[1] and 9.0 not in rates[2]
+    # ... and starts at the first seed's goodput (2.5: between 1 and 3), not below it
+    assert min(rates[2]) == 1.0 and rates[2] & {3.0, 5.0} == {3.0}
+
+
+@pytest.mark.parametrize("threshold", [0.5, 1.0, 3.3, 7.0, 9.9, 12.5])
+@pytest.mark.parametrize("hint", [None, 0.2, 1.0, 4.5, 7.0, 10.0, 30.0])
+def test_a_hinted_climb_finds_the_same_goodput_from_anywhere(threshold, hint):
+    """Wherever a climbing search starts, a monotone outcome gives the full sweep's goodput; from
+    a hint next to the goodput it runs at most three sweep rates, none far below the hint."""
+    full_runner = Runner(None, progress=False, evaluate_fn=fake_eval(threshold))
+    (full,) = goodput_searches(full_runner, [Search({}, {"workload": {}}, list(range(1, 11)))], tol=0.05)
+    runner = Runner(None, progress=False, evaluate_fn=fake_eval(threshold))
+    s = Search({}, {"workload": {}}, list(range(1, 11)), full_sweep=False, hint_rps=hint)
+    (res,) = goodput_searches(runner, [s], tol=0.05)
+    assert res == full
+    swept = sorted(r for r in s.results if r in s.rates)
+    if hint is not None and abs(hint - threshold) < 1:
+        assert len(swept) <= 3 and min(swept) >= math.floor(hint) - 2
+    # every swept rate next to the bracket was needed: one pass just below the first failure
+    fails = [r for r in swept if not s.passes(r)]
+    if fails and min(fails) > 1:
+        assert min(fails) - 1 in swept and s.passes(min(fails) - 1)
 
 
 def test_off_sweep_probes_use_the_cheaper_table_unless_the_shared_one_is_cached():
