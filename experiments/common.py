@@ -89,10 +89,12 @@ def goodput_study(ctx: Context, models, workloads, schemes, slo_scales=(1.0,), d
     Runs are shared between studies wherever they are the same simulation: a static scheme does
     not read the SLO, so its runs at every SLO scale are those at scale 1.0, and a run at scale
     1.0 without `extra` is the goodput figures' (fig9/fig10) run; the pass/fail verdict applies
-    each search's own SLO to the shared summary. `stop_early` (stop a run once its P90 is certain
-    to miss the SLO) applies only to the runs no other study shares: a stopped run knows only
-    that it failed its own table's SLO. A static scheme's bisection points at a tighter scale
-    are rarely another study's runs: they stop early too, unless the shared run is cached.
+    each search's own SLO to the shared summary. Runs off the sweep's rates (extension and
+    bisection points, a hinted climb's rates) stop as soon as their P90 is certain to miss the
+    search's SLO (status "stopped"), unless the full run is cached: a stopped run knows only that
+    it failed its own table's SLO, and only the verdict is needed there. `stop_early` makes every
+    run stop so, at the sweep's rates too, for the searches no other study shares (dynamic
+    schemes at a tighter SLO scale, or with `extra`).
 
     Returns (per-rate rows, goodput rows) as DataFrames."""
     first_seed = ctx.seeds[0]
@@ -108,17 +110,15 @@ def goodput_study(ctx: Context, models, workloads, schemes, slo_scales=(1.0,), d
                             static = sch == "TP" or sch.startswith("PP_")
                             table = scheme_table(sch, model, wtable, seed=seed, slo_scale=1.0 if static else scale,
                                                  extra=extra)
-                            probe = None
-                            if stop_early:  # pass/fail is all a goodput-only figure needs
-                                stopping = copy.deepcopy(table)
-                                stopping["slo"].update(ttft_ms=2000.0 * scale, tpot_ms=200.0 * scale,
-                                                       stop_when_violated=True)
-                                if not (extra is None and (static or scale == 1.0)):  # nobody shares it
-                                    table = stopping
-                                elif scale != 1.0:
-                                    # a shared static run off the sweep (a bisection point of a tighter
-                                    # scale) is rarely anyone else's: it stops early unless cached
-                                    probe = stopping
+                            # Off the sweep's rates (extension, bisection, a hinted climb) a run
+                            # stops as soon as its P90 is certain to miss the SLO, unless the full
+                            # run is cached: the verdict is all a search needs there.
+                            stopping = copy.deepcopy(table)
+                            stopping["slo"].update(ttft_ms=2000.0 * scale, tpot_ms=200.0 * scale,
+                                                   stop_when_violated=True)
+                            probe = stopping
+                            if stop_early and not (extra is None and (static or scale == 1.0)):
+                                table, probe = stopping, None  # nobody shares it: it stops at every rate
                             chunk = table["scheduler"]["chunk_size_tokens"] if static else "dynamic"
                             label = {"model": model, "workload": wl, "scheme": sch, "group": scheme,
                                      "chunk": chunk, "slo_scale": scale, "seed": seed}
@@ -127,21 +127,32 @@ def goodput_study(ctx: Context, models, workloads, schemes, slo_scales=(1.0,), d
                                                    full_sweep=full, probe_table=probe))
     top = max(max(s.rates) for s in searches)
     max_rate = MAX_RATE_FACTOR * top if extend else top
-    # The first seed's searches run first; every other seed's search of the same point starts
-    # its climb at the first seed's goodput (`Search.hint_rps`) instead of at the lowest rate:
-    # the same goodput when the outcome is monotone in the rate, without the low-rate runs
-    # (the longest simulations: most iterations per request).
-    key = lambda s: tuple(v for k, v in s.label.items() if k != "seed")  # noqa: E731
-    firsts = [i for i, s in enumerate(searches) if s.label["seed"] == first_seed]
-    found = dict(zip(firsts, goodput_searches(ctx.runner, [searches[i] for i in firsts], tol=ctx.tol,
-                                              desc=desc, max_rate=max_rate)))
-    hint = {key(searches[i]): found[i]["goodput_rps"] for i in firsts}
-    others = [i for i in range(len(searches)) if i not in found]
-    for i in others:
-        searches[i].hint_rps = hint[key(searches[i])]
-    found.update(zip(others, [] if not others else goodput_searches(ctx.runner, [searches[i] for i in others], tol=ctx.tol,
-                                              desc=f"{desc}: seeds {', '.join(map(str, ctx.seeds[1:]))}",
-                                              max_rate=max_rate)))
+    # Searches run in three phases, each later one starting its climb near an earlier goodput
+    # (`Search.hint_rps`) instead of at the lowest rate: the same goodput when the outcome is
+    # monotone in the rate, without the low-rate runs (the longest simulations: most iterations
+    # per request). 1: the first seed at the first (loosest) SLO scale; 2: the first seed at the
+    # other scales, from phase 1's goodput times the scale ratio; 3: the other seeds, from the
+    # first seed's goodput at the same scale.
+    found: dict[int, dict] = {}
+
+    def key(s: Search, **label) -> tuple:
+        return tuple(sorted({**s.label, **label}.items()))
+
+    def phase(idx: list[int], hint, what: str) -> dict:
+        for i in idx:
+            searches[i].hint_rps = hint(searches[i])
+        if idx:
+            found.update(zip(idx, goodput_searches(ctx.runner, [searches[i] for i in idx], tol=ctx.tol,
+                                                   desc=f"{desc}{what}", max_rate=max_rate)))
+        return {key(searches[i]): found[i]["goodput_rps"] for i in idx}
+
+    scale0 = slo_scales[0]
+    seed1 = [i for i, s in enumerate(searches) if s.label["seed"] == first_seed]
+    g1 = phase([i for i in seed1 if searches[i].label["slo_scale"] == scale0], lambda s: None, "")
+    g1.update(phase([i for i in seed1 if searches[i].label["slo_scale"] != scale0],
+                    lambda s: g1[key(s, slo_scale=scale0)] * s.label["slo_scale"] / scale0, ": tighter SLOs"))
+    phase([i for i in range(len(searches)) if i not in found], lambda s: g1[key(s, seed=first_seed)],
+          f": seeds {', '.join(map(str, ctx.seeds[1:]))}")
     good = pd.DataFrame([found[i] for i in range(len(searches))])
     rows = pd.DataFrame(per_rate_rows(searches))
     return rows, good
