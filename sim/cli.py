@@ -122,11 +122,13 @@ def cmd_run(args) -> int:
     summary["context"] = context
     from sim.csvout import write_csv
 
-    write_csv(requests_frame(result), out / "requests.csv")
-    if args.iterations:
-        write_csv(iterations_frame(result), out / "iterations.csv")
+    if args.format == "npz":
+        from sim.npzout import write_npz as write_table
     else:
-        (out / "iterations.csv").unlink(missing_ok=True)  # not a stale one from an earlier run
+        write_table = write_csv
+    write_table(requests_frame(result), out / f"requests.{args.format}")
+    if args.iterations:
+        write_table(iterations_frame(result), out / f"iterations.{args.format}")
     (out / "config.toml").write_text(tomlio.dumps(cfg.to_dict()))
     (out / "summary.json").write_text(json.dumps(_jsonable(summary), indent=2, sort_keys=True) + "\n")
     import pandas as pd
@@ -227,6 +229,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-iterations", dest="iterations", action="store_false",
                    help="do not write iterations.csv (one row per iteration: the largest output); "
                         "the summary still covers every iteration")
+    p.add_argument("--format", choices=("csv", "npz"), default="csv",
+                   help="requests and iterations tables as CSV (default) or as .npz (NumPy arrays, one per "
+                        "column: no text formatting, several times cheaper to write; sim/npzout.py)")
     p.add_argument("--timeline", action="store_true",
                    help="also write timeline.json (Perfetto/Chrome trace) and timeline.png (Gantt chart)")
     p.add_argument("--window", default=None, metavar="START:END",

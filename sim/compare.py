@@ -44,8 +44,11 @@ def load_run(folder: str | Path) -> dict:
     except json.JSONDecodeError as exc:
         raise DataError(f"{path / 'summary.json'}: line {exc.lineno}: not valid JSON ({exc.msg})") from None
     run = {"name": path.name or str(path), "path": path, "summary": summary}
-    for key, file in (("requests", "requests.csv"), ("iterations", "iterations.csv")):
-        run[key] = pd.read_csv(path / file) if (path / file).is_file() else pd.DataFrame()
+    from sim.npzout import read_table
+
+    for key in ("requests", "iterations"):  # .csv or .npz (`ppsim run --format`)
+        df = read_table(path, key)
+        run[key] = pd.DataFrame() if df is None else df
     return run
 
 

@@ -27,16 +27,19 @@ EPILOG = """examples:
 
 
 def _read(run_dir: Path, name: str) -> pd.DataFrame:
-    path = run_dir / name
-    if not path.is_file():
-        raise DataError(f"{path}: missing; is {run_dir} the --out folder of 'ppsim run'?")
-    return pd.read_csv(path)
+    from sim.npzout import read_table
+
+    df = read_table(run_dir, name)
+    if df is None:
+        raise DataError(f"{run_dir / name}.csv: missing (nor {name}.npz); is {run_dir} the --out folder of "
+                        f"'ppsim run'?")
+    return df
 
 
 def make_report(run_dir: str | Path) -> tuple[Path, Path]:
     run_dir = Path(run_dir)
-    req = _read(run_dir, "requests.csv")
-    it = _read(run_dir, "iterations.csv")
+    req = _read(run_dir, "requests")
+    it = _read(run_dir, "iterations")
     summary_path = run_dir / "summary.json"
     if not summary_path.is_file():
         raise DataError(f"{summary_path}: missing; is {run_dir} the --out folder of 'ppsim run'?")

@@ -14,7 +14,7 @@ search the goodput (the highest rate at which P90 TTFT and P90 TPOT meet the SLO
 - Goodput: the artifact's integer-rate sweep (any rates: `parse_rates` reads `0.25:4`; the
   same requests at every rate: only the Poisson gaps are rescaled) brackets the goodput,
   then bisection refines it to `tol` (and to 10% of the rate below 1 req/s)
-  (decisions.md). A failed run does not meet the SLO. If the outcome is not monotone in the
+  (decisions.md); a search failing at its lowest rate runs bisection's lowest probe first. A failed run does not meet the SLO. If the outcome is not monotone in the
   rate, the highest passing rate below the first failing one is reported and flagged.
 - Sustainable, not absorbed: a rate passes only if the late arrivals (the last quarter of the
   arrival window) meet the SLO percentiles too (`sim.metrics.meets_slo`), and a run never spans
@@ -458,6 +458,19 @@ def goodput_searches(runner: Runner, searches: list[Search], tol: float = 0.05, 
             break
         nxt = [min(max_rate, float(max(math.ceil(max(s.results) * 1.5), max(s.results) + 1))) for s in open_]
         _probe(runner, list(zip(open_, nxt)), f"{desc}: extend", fail_flag="extended beyond the sweep range")
+    # A search failing at its lowest rate most often has no goodput at all, which bisection
+    # learns only after its every probe failed. Its last probe (the lowest) goes first: if that
+    # fails, a monotone outcome fails at every probe, and the goodput is 0 after one run (the
+    # runs at a fraction of 1 req/s are the longest: every request alone, until the early stop
+    # is certain). If it passes, bisection goes on from the same bracket (same probes, same
+    # result; the run is cached if bisection reaches it).
+    floor = [s for s in searches if s.lo == 0 and math.isfinite(s.hi) and s.hi > tol + 1e-9]
+    if floor:
+        probes = [(s, _lowest_probe(s.hi, tol)) for s in floor]
+        for (s, r), out in zip(probes, runner.run([s.at(r, runner.has) for s, r in probes], desc=f"{desc}: floor")):
+            s.results[r] = out
+            if not meets_slo(out, s.slo):
+                s.hi = r
     while True:
         # NOTE: below 1 req/s an absolute tolerance is coarse: once a rate passes, refine to
         # 10% of the bracket too (0.25 req/s found as 0.25, not 0.2).
@@ -529,6 +542,13 @@ def _climb(s: Search, step: int) -> list[float]:
         gap = [r for r in rates if floor < r < top_fail and r not in s.results]
         return gap[::-1][:step]
     return [r for r in rates if r > max(s.results) and r not in s.results][:step]
+
+
+def _lowest_probe(hi: float, tol: float) -> float:
+    """The last rate bisection probes from the bracket (0, hi) when every probe fails."""
+    while hi > tol + 1e-9:
+        hi = round(hi / 2, 6)
+    return hi
 
 
 def _bracket(s: Search) -> None:

@@ -343,3 +343,25 @@ def test_off_sweep_probes_use_the_cheaper_table_unless_the_shared_one_is_cached(
     assert "slo" not in s.at(2.5, runner.has)  # the shared run at 2.5 is cached: use it
     (res,) = goodput_searches(Runner(None, progress=False, evaluate_fn=fake_eval(2.5)), [s], tol=0.05)
     assert 2.45 <= res["goodput_rps"] <= 2.5
+
+
+@pytest.mark.parametrize("threshold", [0.01, 0.03, 0.031, 0.05, 0.2, 0.4999, 0.77, 0.99])
+def test_a_search_failing_at_its_lowest_rate_probes_the_floor_first(threshold):
+    """Bracket (0, 1): the lowest bisection probe runs first; the goodput is plain bisection's
+    (written out here with the same rounding and stopping rule), and with no goodput at all the
+    search takes one run below the sweep instead of five."""
+    def passes(rate):
+        return 2000.0 * rate / threshold <= 2000.0  # fake_eval's verdict
+
+    lo, hi = 0.0, 1.0
+    while hi - lo > (min(0.05, 0.1 * hi) if lo > 0 else 0.05) + 1e-9:
+        mid = round((lo + hi) / 2, 6)
+        lo, hi = (mid, hi) if passes(mid) else (lo, mid)
+    runner = Runner(None, progress=False, evaluate_fn=fake_eval(threshold))
+    s = Search({}, {"workload": {}}, list(range(1, 11)), full_sweep=False)
+    (res,) = goodput_searches(runner, [s], tol=0.05)
+    assert res["goodput_rps"] == round(lo, 4)
+    below = sorted(r for r in s.results if r < 1)
+    assert below[0] == 0.03125
+    if lo == 0:
+        assert below == [0.03125]
