@@ -14,8 +14,9 @@ search the goodput (the highest rate at which P90 TTFT and P90 TPOT meet the SLO
 - Goodput: the artifact's integer-rate sweep (any rates: `parse_rates` reads `0.25:4`; the
   same requests at every rate: only the Poisson gaps are rescaled) brackets the goodput,
   then bisection refines it to `tol` (and to 10% of the rate below 1 req/s)
-  (decisions.md); a search failing at its lowest rate runs bisection's lowest probe first. A failed run does not meet the SLO. If the outcome is not monotone in the
-  rate, the highest passing rate below the first failing one is reported and flagged.
+  (decisions.md); a search failing at its lowest rate runs bisection's lowest probe first.
+  A failed run does not meet the SLO. If the outcome is not monotone in the rate, the highest
+  passing rate below the first failing one is reported and flagged.
 - Sustainable, not absorbed: a rate passes only if the late arrivals (the last quarter of the
   arrival window) meet the SLO percentiles too (`sim.metrics.meets_slo`), and a run never spans
   a shorter arrival window than the artifact's at the top of its sweep (beyond the sweep's range
@@ -467,7 +468,8 @@ def goodput_searches(runner: Runner, searches: list[Search], tol: float = 0.05, 
     floor = [s for s in searches if s.lo == 0 and math.isfinite(s.hi) and s.hi > tol + 1e-9]
     if floor:
         probes = [(s, _lowest_probe(s.hi, tol)) for s in floor]
-        for (s, r), out in zip(probes, runner.run([s.at(r, runner.has) for s, r in probes], desc=f"{desc}: floor")):
+        res = runner.run([s.at(r, runner.has) for s, r in probes], desc=f"{desc}: floor")
+        for (s, r), out in zip(probes, res):
             s.results[r] = out
             if not meets_slo(out, s.slo):
                 s.hi = r
@@ -523,8 +525,8 @@ def _probe(runner: Runner, probes: list[tuple[Search, float]], desc: str, fail_f
 
 
 def _climb(s: Search, step: int) -> list[float]:
-    """The next sweep rates a climbing search runs: first the sweep rate at or below its hint
-    (default: the lowest rate) and the one above; then, while every rate run passes, the `step`
+    """The next sweep rates a climbing search runs: first `step` rates from the sweep rate at or
+    below its hint (default: the lowest rate) up; then, while every rate run passes, the `step`
     rates above the highest pass, or, once a rate fails, the `step` rates below the lowest failure
     down to the highest pass; nothing once a pass and a failure are adjacent sweep rates (or a
     failure is at the bottom, or every rate up to the top passes). When the outcome is monotone
@@ -533,7 +535,7 @@ def _climb(s: Search, step: int) -> list[float]:
     if not s.results:
         hint = rates[0] if s.hint_rps is None else s.hint_rps
         i = max(sum(r <= hint for r in rates) - 1, 0)
-        return rates[i:i + 2]
+        return rates[i:i + step]
     fails = [r for r in s.results if not s.passes(r)]
     if fails:
         top_fail = min(fails)
