@@ -53,6 +53,7 @@ def compute(ctx: Context) -> dict[str, pd.DataFrame]:
                 labels.append({"model": MODEL, "workload": wl, "scheme": scheme, "seed": seed,
                                "chunk": chunks[wl] if scheme == "PP_static" else "dynamic", "rate_rps": rate})
     res = runner.run(tables, desc="fig11")
+    runner.close()
     per_seed, cdf = [], []
     for lab, r in zip(labels, res):
         per_seed.append({**lab, **{k: r[k] for k in ("p50_iter_ms", "p90_iter_ms", "p99_iter_ms", "mean_iter_ms",

@@ -37,6 +37,7 @@ def compute(ctx: Context) -> dict[str, pd.DataFrame]:
                 tables.append(t)
                 labels.append({"scheme": scheme, "tpot_slo_ms": tpot, "seed": seed})
     res = runner.run(tables, desc="fig14")
+    runner.close()
     rows, cdf = [], []
     for lab, r in zip(labels, res):
         if lab["seed"] != ctx.seeds[0]:

@@ -172,12 +172,16 @@ def cmd_reproduce(args) -> int:
     ctx = Context(out_dir=out, quick=args.quick, jobs=args.jobs, executor=args.executor, address=args.address,
                   progress=not args.no_progress, seeds=tuple(range(1, args.seeds + 1)))
     total = time.perf_counter()
-    for exp_id in ids:
-        mod = importlib.import_module(f"experiments.{exp_id}")
-        t0 = time.perf_counter()
-        if not args.plot_only:
-            mod.compute(ctx)
-        mod.plot(ctx)
-        print(f"{exp_id}: done in {time.perf_counter() - t0:.1f}s -> {out}/{exp_id}.csv, {exp_id}.png", flush=True)
+    try:
+        for exp_id in ids:
+            mod = importlib.import_module(f"experiments.{exp_id}")
+            t0 = time.perf_counter()
+            if not args.plot_only:
+                mod.compute(ctx)
+            mod.plot(ctx)
+            print(f"{exp_id}: done in {time.perf_counter() - t0:.1f}s -> {out}/{exp_id}.csv, {exp_id}.png", flush=True)
+    finally:
+        if ctx._runner is not None:
+            ctx._runner.close()
     print(f"all done in {time.perf_counter() - total:.1f}s")
     return 0

@@ -183,6 +183,7 @@ class Runner:
         self.progress = progress
         self.evaluate_fn = evaluate_fn
         self.cache: dict[str, dict] = {}
+        self._pool = None  # the worker processes (`_run_processes`), kept between rounds
         self.num_bad_lines = 0  # cut or corrupt cache lines seen (their points run again)
         self._read_offset = 0
         self._load()
@@ -305,26 +306,38 @@ class Runner:
     def _run_processes(self, todo: dict[str, dict], tasks: list[list[str]], bar) -> None:
         from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait  # slow to import
 
-        with ProcessPoolExecutor(max_workers=min(self.jobs, len(todo))) as pool:
-            futures = {}
+        # One pool for the runner's life: a search calls `run` once per round (dozens per
+        # study), and a fresh pool per round would redo each worker's set-up (imports, the
+        # per-process caches of profiles and trace data) every round.
+        if self._pool is None:
+            self._pool = ProcessPoolExecutor(max_workers=self.jobs)
+        pool = self._pool
+        futures = {}
 
-            def submit(pids):
-                fn, arg = self._call(pids, todo)
-                fut = pool.submit(fn, arg)
-                futures[fut] = pids
-                return fut
+        def submit(pids):
+            fn, arg = self._call(pids, todo)
+            fut = pool.submit(fn, arg)
+            futures[fut] = pids
+            return fut
 
-            pending = {submit(t) for t in tasks}
-            try:
-                while pending:
-                    done, pending = wait(pending, return_when=FIRST_COMPLETED)
-                    for fut in done:
-                        for t in self._finish(futures.pop(fut), todo, fut.result(), bar):
-                            pending.add(submit(t))
-            except BaseException:
-                for fut in pending:
-                    fut.cancel()
-                raise
+        pending = {submit(t) for t in tasks}
+        try:
+            while pending:
+                done, pending = wait(pending, return_when=FIRST_COMPLETED)
+                for fut in done:
+                    for t in self._finish(futures.pop(fut), todo, fut.result(), bar):
+                        pending.add(submit(t))
+        except BaseException:
+            for fut in pending:
+                fut.cancel()
+            self.close()  # a failed or interrupted round leaves no workers behind (nor a broken pool)
+            raise
+
+    def close(self) -> None:
+        """Shut the worker processes down (the next `run` starts new ones)."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool = None
 
     def _run_ray(self, todo: dict[str, dict], tasks: list[list[str]], bar) -> None:
         try:

@@ -365,3 +365,35 @@ def test_a_search_failing_at_its_lowest_rate_probes_the_floor_first(threshold):
     assert below[0] == 0.03125
     if lo == 0:
         assert below == [0.03125]
+
+
+def _pid_eval(table):
+    import os
+
+    return {"pid": os.getpid(), "rate": table["workload"]["rate_rps"]}
+
+
+def test_worker_processes_last_between_rounds_until_closed():
+    """A search calls `run` once per round: the workers (and their per-process caches) stay."""
+    runner = Runner(None, jobs=2, progress=False, evaluate_fn=_pid_eval)
+    try:
+        first = {r["pid"] for r in runner.run([{"workload": {"rate_rps": float(i)}} for i in range(6)])}
+        again = {r["pid"] for r in runner.run([{"workload": {"rate_rps": float(i)}} for i in range(6, 12)])}
+        assert len(first | again) <= 2  # the same (at most two) workers serve both rounds
+        runner.close()
+        fresh = {r["pid"] for r in runner.run([{"workload": {"rate_rps": float(i)}} for i in range(12, 16)])}
+        assert not fresh & (first | again)
+    finally:
+        runner.close()
+    assert runner._pool is None
+
+
+def _failing_eval(table):
+    raise ValueError("boom")
+
+
+def test_a_failing_round_leaves_no_pool_behind():
+    runner = Runner(None, jobs=2, progress=False, evaluate_fn=_failing_eval)
+    with pytest.raises(ValueError, match="boom"):
+        runner.run([{"workload": {"rate_rps": 1.0}}, {"workload": {"rate_rps": 2.0}}])
+    assert runner._pool is None
