@@ -9,8 +9,9 @@ search the goodput (the highest rate at which P90 TTFT and P90 TPOT meet the SLO
   their chunk as one run at the largest chunk; the run stands for a sibling only where it is
   exactly that sibling's own run, and the others are simulated afterwards, so every cached
   summary is the one its own simulation gives.
-- Executors: in-process (jobs = 1), local processes (`jobs` > 1, the default), or a Ray
-  cluster (`executor="ray"`, `address=...`; Ray is an optional extra).
+- Executors: in-process (jobs = 1), local processes (`jobs` > 1, the default; one pool kept
+  for the runner's life, so the rounds of a search reuse the workers' set-up; `Runner.close`),
+  or a Ray cluster (`executor="ray"`, `address=...`; Ray is an optional extra).
 - Goodput: the artifact's integer-rate sweep (any rates: `parse_rates` reads `0.25:4`; the
   same requests at every rate: only the Poisson gaps are rescaled) brackets the goodput,
   then bisection refines it to `tol` (and to 10% of the rate below 1 req/s)
