@@ -229,7 +229,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-iterations", dest="iterations", action="store_false",
                    help="do not write iterations.csv (one row per iteration: the largest output); "
                         "the summary still covers every iteration")
-    p.add_argument("--format", choices=("csv", "npz"), default="csv",
+    from sim.npzout import FORMATS
+
+    p.add_argument("--format", choices=FORMATS, default="csv",
                    help="requests and iterations tables as CSV (default) or as .npz (NumPy arrays, one per "
                         "column: no text formatting, several times cheaper to write; sim/npzout.py)")
     p.add_argument("--timeline", action="store_true",

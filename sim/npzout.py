@@ -21,7 +21,7 @@ from sim.lazy import lazy
 np = lazy("numpy")  # imported on first use (sim/lazy.py)
 pd = lazy("pandas")  # imported on first use (sim/lazy.py)
 
-FORMATS = ("csv", "npz")
+FORMATS = ("csv", "npz")  # `ppsim run --format`
 
 
 def write_npz(df, path: str | Path) -> None:
@@ -40,9 +40,12 @@ def write_npz(df, path: str | Path) -> None:
 
 def read_npz(path: str | Path):
     """The DataFrame `write_npz` wrote (text columns come back as Python strings)."""
+    columns = {}
     with np.load(path, allow_pickle=False) as z:
-        return pd.DataFrame({name: (z[name].astype(object) if z[name].dtype.kind == "U" else z[name])
-                             for name in z.files})
+        for name in z.files:
+            values = z[name]  # (each z[name] reads the array from the archive again)
+            columns[name] = values.astype(object) if values.dtype.kind == "U" else values
+    return pd.DataFrame(columns)
 
 
 def read_table(folder: str | Path, name: str):

@@ -14,7 +14,8 @@ from pathlib import Path
 from sim.errors import ConfigError
 
 RUN_FILES = frozenset({
-    "summary.json", "requests.csv", "iterations.csv", "requests.npz", "iterations.npz", "config.toml", "decisions.csv", "moves.csv",
+    "summary.json", "requests.csv", "iterations.csv", "requests.npz", "iterations.npz", "config.toml",
+    "decisions.csv", "moves.csv",
     "timeline.json", "timeline.png", "report.md", "report.png",
 })
 
