@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test test-all bench clean
+.PHONY: run test test-all bench native clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -12,16 +12,20 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet -e '.[dev]'
 	touch $(STAMP)
 
-run: $(STAMP)
+# the engine's hot modules compiled with mypyc (sim/native.py); rebuilt when their sources change
+native: $(STAMP)
+	$(PY) -m sim.native_build --if-stale
+
+run: native
 	$(VENV)/bin/ppsim run experiments/configs/default.toml --out runs/default --force
 
-test: $(STAMP)
+test: native
 	$(PY) -m pytest -q
 
-test-all: $(STAMP)
+test-all: native
 	$(PY) -m pytest -q --runslow
 
-bench: $(STAMP)
+bench: native
 	$(PY) benchmarks/engine.py
 
 clean:

@@ -17,6 +17,9 @@ a temporary `git worktree`: every measurement is a fresh subprocess importing `s
 tree, the two trees alternate round by round (so a busy machine slows both alike), and the
 table shows the median of each tree's rounds and the speed-up (baseline time / this tree's),
 in wall time and in the process's CPU time (steadier on a machine shared with other work).
+The `engines` column says which engine each tree ran: `compiled` (this tree after `make native`,
+sim/native.py) or `python` (the sources; a commit before the compiled engine, a tree without a
+fresh build, or `PIPESIM_PURE=1`).
 """
 
 from __future__ import annotations
@@ -73,7 +76,12 @@ def bench(layout: str, num: int, rate: float, repeats: int) -> dict:
         best = min(best, time.perf_counter() - t0)
         best_cpu = min(best_cpu, time.process_time() - c0)
     iters = len(res.iterations["iteration"])
-    return {"layout": layout, "requests": num, "rate_rps": rate, "status": res.status,
+    try:  # (commits before the compiled engine have no sim.native)
+        from sim import native
+        engine = "compiled" if native.active() else "python"
+    except ImportError:
+        engine = "python"
+    return {"engine": engine, "layout": layout, "requests": num, "rate_rps": rate, "status": res.status,
             "wall_s": round(best, 3), "cpu_s": round(best_cpu, 3), "sim_s": round(res.end_s, 1), "iterations": iters,
             "requests_per_s": round(num / best), "iterations_per_s": round(iters / best)}
 
@@ -100,15 +108,18 @@ def compare(ref: str, points: list[tuple], rounds: int) -> list[dict]:
         for layout, num, rate in points:
             wall: dict[str, list[float]] = {"base": [], "this": []}
             cpu: dict[str, list[float]] = {"base": [], "this": []}
+            engines = {}
             for r in range(rounds):
                 order = [("base", base), ("this", ROOT)] if r % 2 == 0 else [("this", ROOT), ("base", base)]
                 for name, tree in order:
                     res = _point_in(tree, layout, num, rate)
                     wall[name].append(res["wall_s"])
                     cpu[name].append(res["cpu_s"])
+                    engines[name] = res["engine"]
             b, t = statistics.median(wall["base"]), statistics.median(wall["this"])
             bc, tc = statistics.median(cpu["base"]), statistics.median(cpu["this"])
             rows.append({"layout": layout, "requests": num, "rate_rps": rate, "iterations": res["iterations"],
+                         "engines": f"{engines['base']}/{engines['this']}",
                          f"{ref}_wall_s": b, "this_wall_s": t, f"{ref}_req_per_s": round(num / b),
                          "this_req_per_s": round(num / t), "speedup": round(b / t, 2),
                          f"{ref}_cpu_s": bc, "this_cpu_s": tc, "cpu_speedup": round(bc / tc, 2)})

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
+
+# The suite runs the Python sources of the engine (some tests patch its methods, which compiled
+# classes refuse); tests/test_native.py checks the compiled build against them (sim/native.py).
+os.environ["PIPESIM_PURE"] = "1"
 
 import pytest
 

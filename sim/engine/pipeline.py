@@ -13,6 +13,7 @@ whole system is empty the clock jumps to the next arrival: no events while idle.
 from __future__ import annotations
 
 from collections import deque
+from typing import Any, ClassVar
 
 import simpy
 from simpy.events import NORMAL
@@ -48,9 +49,9 @@ class Inbox:
 
     def __init__(self, env: simpy.Environment, requests: list[Req] | RequestTable | None = None) -> None:
         self.env = env
-        self.queue = requests.queue() if isinstance(requests, RequestTable) else deque(requests or [])
+        self.queue: Any = requests.queue() if isinstance(requests, RequestTable) else deque(requests or [])
         self.closed = requests is not None
-        self._event = None
+        self._event: Any = None
 
     def push(self, req: Req) -> None:
         self.queue.append(req)
@@ -82,7 +83,7 @@ class SLOGuard:
     numpy's q-th percentile of n values exceeds x once n - floor((n - 1) q / 100) of them do
     (`sim.slo.need_over`)."""
 
-    CHECK_EVERY = 128
+    CHECK_EVERY: ClassVar[int] = 128
 
     def __init__(self, requests: list[Req] | RequestTable, ttft_s: float, tpot_s: float,
                  ttft_percentile: float = 90.0, tpot_percentile: float = 90.0, e2e_s: float | None = None,
@@ -105,8 +106,8 @@ class SLOGuard:
         # counted as they finish (`finished`), the live ones scanned, the rest read from arrays.
         self.bad_done = [0, 0, 0]  # finished requests over the TTFT, TPOT, E2E thresholds
 
-    def finished(self, r: Req) -> None:
-        """Count a request that just finished (it leaves the RequestTable)."""
+    def finished(self, r: Any) -> None:
+        """Count a request that just finished (it leaves the RequestTable; its times are set)."""
         bad = self.bad_done
         if r.first_token_s - r.arrival_s > self.ttft_s:
             bad[0] += 1
@@ -162,7 +163,7 @@ class SLOGuard:
 class Pipeline:
     def __init__(self, env: simpy.Environment, sched: Scheduler, latency, chunk_policy,
                  requests: list[Req] | Inbox, horizon_s: float = 0.0, rebalancer=None,
-                 slo_tpot_s: float = 0.2, guard: SLOGuard | None = None, noise=None) -> None:
+                 slo_tpot_s: float = 0.2, guard=None, noise=None) -> None:
         self.env = env
         self.sched = sched
         self.latency = latency
@@ -177,11 +178,11 @@ class Pipeline:
         self.move_log: list[tuple] = []  # (time_s, slot, req_id, action, where)
         # the controller's signals start at half the SLOs (scheduler.py:416-420)
         self.tpot_signal_s = 0.5 * slo_tpot_s
-        self.rebalance_metrics = None
+        self.rebalance_metrics: tuple | None = None
         self.start_s = self.inbox.queue[0].arrival_s if self.inbox.queue else 0.0
         self.step = 0
         self._observe = getattr(chunk_policy, "observe", None)
-        self.guard = guard
+        self.guard = guard  # an SLOGuard, or a LockstepGuard standing for several (lockstep.py)
         # per-iteration variance draws (sim/latency/variance.py); None: a zero-variance truth
         self.noise = noise
         self._host_s = 0.0  # this iteration's host time (CPU, broadcast, stalls), recorded with it
@@ -338,7 +339,7 @@ class Pipeline:
         return self.log.columns
 
     @property
-    def stage_busy(self):
+    def stage_busy(self) -> Any:
         return self.log.stage_busy
 
     def _record(self, k, slot, start, end, mb, kv_used) -> None:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import tempfile
 from array import array
 from pathlib import Path
+from typing import Any
 
 MODES = ("idle", "decode", "extend", "mixed")
 _MODE_CODE = {m: i for i, m in enumerate(MODES)}
@@ -145,14 +146,14 @@ class IterationLog:
             self._rows = []
 
     @property
-    def columns(self) -> dict:
+    def columns(self) -> Any:
         self._flush()
         if self.spill:
             return SpilledColumns([self._spill], self.num_stages)
         return self._columns
 
     @property
-    def stage_busy(self) -> StageBusy:
+    def stage_busy(self) -> Any:
         self._flush()
         if self.spill:
             return SpilledColumns([self._spill], self.num_stages).stage_busy

@@ -18,11 +18,12 @@ requeues that request too, where the artifact exits.
 from __future__ import annotations
 
 from array import array
-from collections import deque
 from itertools import islice
 from operator import itemgetter
+from typing import Any
 
 from sim.engine.state import DECODE, EXTEND, FINISHED, MIXED, RUNNING, WAITING, MicroBatch, Req, lengths
+from sim.engine.waiting import WaitingQueue
 
 # SGLang / FastPP constants (python/sglang/global_config.py, schedule_policy.py).
 CLIP_MAX_NEW_TOKENS = 4096
@@ -36,52 +37,6 @@ CONTINUE, NO_TOKEN, OTHER = "continue", "no_token", "other"
 
 class RunFailed(Exception):
     """The real server would exit here (e.g. KV allocation failure in a prefill batch)."""
-
-
-class WaitingQueue(deque):
-    """The waiting queue (a deque of `Req`s), with what the controllers read of it at every
-    decision kept beside it: the sum of the prompt tokens, and the arrival times, prefixes and
-    remaining tokens in queue order (`columns`). Under overload the queue is thousands long;
-    a waiting request's fields do not change while it waits (it is cut or allocated only once
-    admitted, and requeued with its new lengths). Only the mutators the scheduler uses exist."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.prompt_tokens = 0
-        self.arrival_s: deque[float] = deque()
-        self.prefix_tokens: deque[int] = deque()
-        self.remaining_tokens: deque[int] = deque()
-
-    def append(self, req: Req) -> None:
-        super().append(req)
-        self.prompt_tokens += req.prompt_len
-        self.arrival_s.append(req.arrival_s)
-        self.prefix_tokens.append(req.prefix_len)
-        self.remaining_tokens.append(req.fill_len - req.prefix_len)
-
-    def extend(self, reqs) -> None:
-        for req in reqs:
-            self.append(req)
-
-    def popleft(self) -> Req:
-        req = super().popleft()
-        self.prompt_tokens -= req.prompt_len
-        self.arrival_s.popleft()
-        self.prefix_tokens.popleft()
-        self.remaining_tokens.popleft()
-        return req
-
-    def clear(self) -> None:
-        super().clear()
-        self.prompt_tokens = 0
-        self.arrival_s.clear()
-        self.prefix_tokens.clear()
-        self.remaining_tokens.clear()
-
-    def _unsupported(self, *args, **kwargs):
-        raise NotImplementedError("WaitingQueue keeps its columns: use append/extend/popleft/clear")
-
-    appendleft = extendleft = pop = remove = insert = rotate = __setitem__ = __delitem__ = __iadd__ = _unsupported
 
 
 class Slot:
@@ -130,7 +85,7 @@ class Scheduler:
         # order, as typed columns: the requests themselves leave when they finish
         self.arrived_s = array("d")
         self.arrived_prompt = array("q")
-        self.on_finish = None  # called with each request as it finishes (the run's RequestTable)
+        self.on_finish: Any = None  # called with each request as it finishes (the run's RequestTable)
         # Append-only samples the controllers read (server-side signals, system model 2.2):
         # TTFT from scheduler arrival, and per-slot cycle times (the artifact's "TPOT").
         self.ttft_samples = array("d")  # compact: one per request / per iteration
@@ -162,6 +117,7 @@ class Scheduler:
         req.kv_base += tokens
 
     def _live(self, slot: Slot) -> tuple[list[Req], tuple[int, int, int] | None]:
+        assert slot.running is not None
         """The slot's running requests that have not finished, and their (summed context,
         summed tokens left, most tokens left), None: unknown, to be summed. After the slot's
         micro-batch was sampled both are known (`Slot.sampled`): the list itself when nothing
@@ -232,6 +188,7 @@ class Scheduler:
             slot.running = list(slot.running)
         slot.sampled = None
         if move.to_pending:
+            assert slot.running is not None
             req = next(r for r in slot.running if r.rid == move.req_id)
             req.settle()  # (its next token comes from another slot, or after a gap)
             slot.running.remove(req)
@@ -253,6 +210,7 @@ class Scheduler:
         chunked = last.chunked
         kept = [p[0] for p in last.prefill if p[0] is not chunked and not p[0].finished]
         # what the emission left of the decodes, plus the prefilled requests that stay
+        assert last.after is not None
         ctx, done, total, top = last.after
         ctx, total, top = lengths(kept, ctx, total, top)
         kept += last.decodes if done == 0 else [r for r in last.decodes if not r.finished]
@@ -501,7 +459,7 @@ class PrefillAdder:
         self._totals: tuple[int, int, int] | None = None  # see `running_totals`
         # The memory test's sorted states are built only when a cheap bound cannot decide
         # (`_passes_memory_test`); until then it keeps what building them needs.
-        self.states: list[tuple[float, int]] | None = None
+        self.states: list[tuple[int, int]] | None = None
         self._first: Req | None = None  # the request of the first test
         self._first_can_run = 0  # how many pieces were in can_run then
         self._later: list[Req] = []  # the requests tested since, in order
@@ -538,10 +496,10 @@ class PrefillAdder:
             # sum is the walk's, the same integer times the same ratio)
             reserved = (total * self.sched.new_token_ratio if top <= CLIP_MAX_NEW_TOKENS
                         else self.sched._reserved_output_tokens())
-            total = self._free_bs - reserved
+            rem: float = self._free_bs - reserved
             for taken in self._taken:
-                total -= taken
-            self._rem_total = total
+                rem -= taken
+            self._rem_total = rem
         return self._rem_total
 
     def _take(self, new: int, reserve: int) -> None:
@@ -574,7 +532,7 @@ class PrefillAdder:
             self.can_run.append((req, new))
         self.new_chunked = req if truncated else None
 
-    def _state(self, r: Req) -> tuple[float, int] | None:
+    def _state(self, r: Req) -> tuple[int, int] | None:
         left = r.max_new - r.out_len + self.margin
         return (left, r.prompt_len + r.out_len) if left > 0 else None
 
@@ -641,6 +599,7 @@ class PrefillAdder:
         running requests, the pieces already admitted; stable-sorted by tokens left), then
         each later request inserted in turn."""
         margin = self.margin
+        assert self._first is not None
         reqs = [self._first]
         for s in self.sched.slots:
             if s.running:
@@ -658,6 +617,7 @@ class PrefillAdder:
         if st is not None:
             # NOTE: SGLang's insertion loop leaves i = len-1 when no element is larger,
             # so a new largest entry lands before the last one; kept for fidelity.
+            assert self.states is not None
             i = 0
             for i in range(len(self.states)):
                 if st[0] <= self.states[i][0]:

@@ -71,9 +71,9 @@ class Req:
         self.seg_idx = 0
         self.slot = -1
         self.state = WAITING
-        self.admit_s = None
-        self.first_token_s = None
-        self.finish_s = None
+        self.admit_s: float | None = None
+        self.first_token_s: float | None = None
+        self.finish_s: float | None = None
         self.num_chunks = 0
         self.num_retractions = 0
         self.finished = False
@@ -147,9 +147,9 @@ class MicroBatch:
         # the decodes' summed context, and their summed and largest tokens left at launch (the
         # scheduler passes what it knows; else one walk)
         if decode_ctx is None or decode_left is None:
-            ctx, *left = lengths(decodes)
+            ctx, lsum, ltop = lengths(decodes)
             decode_ctx = ctx if decode_ctx is None else decode_ctx
-            decode_left = left if decode_left is None else decode_left
+            decode_left = (lsum, ltop) if decode_left is None else decode_left
         self.stats = BatchStats(tokens, len(prefill), c2, cp, len(decodes), decode_ctx)
         self.left_sum, self.left_top = decode_left
         # what the token emission leaves of the decodes (the scheduler's Slot.summary)

@@ -85,7 +85,7 @@ class ChunkedInfo:
 class RunningInfo:
     req_id: int
     arrival_s: float
-    admit_s: float
+    admit_s: float | None
     prompt_tokens: int
     output_tokens: int
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 from sim.lazy import lazy
 np = lazy("numpy")
@@ -104,7 +105,7 @@ class IterationNoise:
         return v
 
 
-def sample_factors(params: VarianceParams, num_stages: int, seed: int, n: int, prefix: str = "latency") -> np.ndarray:
+def sample_factors(params: VarianceParams, num_stages: int, seed: int, n: int, prefix: str = "latency") -> Any:  # (a numpy array)
     """n iterations of draws as an array of shape (n, num_stages + 1): the stage factors (jitter and
     slow-down together), then the stall in ms (for tests and for the calibration report)."""
     noise = IterationNoise(params, num_stages, seed, prefix)

@@ -1,0 +1,59 @@
+"""The scheduler's waiting queue: a deque of requests with the columns the policies read.
+
+Kept out of sim/engine/scheduler.py because that module may be compiled (sim/native.py), and a
+compiled class cannot subclass `deque`.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from sim.engine.state import Req
+
+
+class WaitingQueue(deque):
+    """The waiting queue (a deque of `Req`s), with what the controllers read of it at every
+    decision kept beside it: the sum of the prompt tokens, and the arrival times, prefixes and
+    remaining tokens in queue order (`columns`). Under overload the queue is thousands long;
+    a waiting request's fields do not change while it waits (it is cut or allocated only once
+    admitted, and requeued with its new lengths). Only the mutators the scheduler uses exist."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.prompt_tokens = 0
+        self.arrival_s: deque[float] = deque()
+        self.prefix_tokens: deque[int] = deque()
+        self.remaining_tokens: deque[int] = deque()
+
+    def append(self, req: Req) -> None:
+        super().append(req)
+        self.prompt_tokens += req.prompt_len
+        self.arrival_s.append(req.arrival_s)
+        self.prefix_tokens.append(req.prefix_len)
+        self.remaining_tokens.append(req.fill_len - req.prefix_len)
+
+    def extend(self, reqs) -> None:
+        for req in reqs:
+            self.append(req)
+
+    def popleft(self) -> Req:
+        req = super().popleft()
+        self.prompt_tokens -= req.prompt_len
+        self.arrival_s.popleft()
+        self.prefix_tokens.popleft()
+        self.remaining_tokens.popleft()
+        return req
+
+    def clear(self) -> None:
+        super().clear()
+        self.prompt_tokens = 0
+        self.arrival_s.clear()
+        self.prefix_tokens.clear()
+        self.remaining_tokens.clear()
+
+    def _unsupported(self, *args, **kwargs):
+        raise NotImplementedError("WaitingQueue keeps its columns: use append/extend/popleft/clear")
+
+    appendleft = extendleft = pop = remove = insert = rotate = __setitem__ = __delitem__ = __iadd__ = _unsupported

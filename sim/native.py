@@ -1,0 +1,103 @@
+"""The engine's hot modules compiled to C with mypyc: an optional build, same results.
+
+The Python sources are the reference. `python -m sim.native_build` (run by `make native`) compiles
+`MODULES` with mypyc into `build/native/` of the checkout and records each source's SHA-256 in
+`build/native/manifest.json`. `enable()`, called when `sim` is imported, makes `import
+sim.engine.scheduler` (and the others) load the compiled module only when the manifest's hashes
+equal the sources on disk and a compiled file exists for this interpreter; otherwise the `.py`
+sources load as usual, so an edited source is never shadowed by a stale build.
+`PIPESIM_PURE=1` forces the sources (the test suite does, since some tests patch engine methods,
+which compiled classes do not allow; tests/test_native.py checks that both give byte-identical
+outputs). The compiled modules are the lock-step loop, the scheduler and the request and batch
+state: the per-iteration Python that dominates a run (benchmarks/README.md).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+OUT = ROOT / "build" / "native"
+MANIFEST = OUT / "manifest.json"
+MODULES = ("sim.engine.state", "sim.engine.scheduler", "sim.engine.pipeline", "sim.engine.view", "sim.engine.records",
+           "sim.latency.variance", "sim.policies.rls")
+GROUP = "pipesim_native"  # mypyc's shared library is the module GROUP + "__mypyc"
+
+_active: dict[str, Path] = {}
+
+
+def source(module: str) -> Path:
+    return ROOT.joinpath(*module.split(".")).with_suffix(".py")
+
+
+def digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def compiled_file(module: str, folder: Path = OUT) -> Path | None:
+    """The compiled file of `module` for this interpreter (its ABI suffix), if built."""
+    from importlib.machinery import EXTENSION_SUFFIXES
+
+    base = folder.joinpath(*module.split("."))
+    for suffix in EXTENSION_SUFFIXES:
+        f = base.with_name(base.name + suffix)
+        if f.is_file():
+            return f
+    return None
+
+
+def fresh_build(folder: Path = OUT) -> dict[str, Path] | None:
+    """Module name -> compiled file, when every module's build is present and its source
+    unchanged since; None otherwise (then the sources are used)."""
+    try:
+        manifest = json.loads((folder / "manifest.json").read_text())
+    except (OSError, ValueError):
+        return None
+    files = {}
+    for module in (*MODULES, GROUP + "__mypyc"):
+        f = compiled_file(module, folder)
+        if f is None:
+            return None
+        files[module] = f
+    for module in MODULES:
+        if manifest.get(module) != digest(source(module)):
+            return None
+    return files
+
+
+class _Finder:
+    """A meta-path finder that serves the compiled modules (and nothing else)."""
+
+    def __init__(self, files: dict[str, Path]) -> None:
+        self.files = files
+
+    def find_spec(self, name, path=None, target=None):
+        f = self.files.get(name)
+        if f is None:
+            return None
+        from importlib.util import spec_from_file_location
+
+        return spec_from_file_location(name, f)
+
+
+def enable() -> bool:
+    """Load the compiled modules from now on, if a fresh build exists and PIPESIM_PURE is not
+    set. Returns whether they are in use. Call before the engine is imported."""
+    if os.environ.get("PIPESIM_PURE", "") not in ("", "0"):
+        return False
+    files = fresh_build()
+    if files is None or any(m in sys.modules for m in MODULES):
+        return False
+    _active.update(files)
+    sys.meta_path.insert(0, _Finder(files))
+    return True
+
+
+def active() -> bool:
+    """Whether this process runs the compiled modules."""
+    return bool(_active) and all(getattr(sys.modules.get(m), "__file__", "") == str(_active[m])
+                                 for m in MODULES if m in sys.modules)
