@@ -8,6 +8,7 @@ and writes the timing table, the command and the commit into experiments/results
 from __future__ import annotations
 
 import argparse
+import os
 import platform
 import shutil
 import subprocess
@@ -36,6 +37,10 @@ def main() -> int:
     commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
     dirty = bool(subprocess.run(["git", "status", "--porcelain", "--", "sim", "experiments/*.py", "profiles"],
                                 cwd=REPO, capture_output=True, text=True).stdout.strip())
+    from sim import native
+
+    compiled = native.fresh_build() is not None and os.environ.get("PIPESIM_PURE", "") in ("", "0")
+    engine = "the compiled engine (sim/native.py)" if compiled else "the engine's Python sources"
     rows = []
     t_all = time.perf_counter()
     for exp in EXPERIMENT_IDS:
@@ -57,7 +62,7 @@ def main() -> int:
                  f"benchmarks/reproduce.py --jobs {args.jobs} --out experiments/results --record` "
                  f"(equivalent to `ppsim reproduce all --jobs {args.jobs}` from an empty cache) at commit "
                  f"`{commit}`{' plus uncommitted changes' if dirty else ''}, on {platform.machine()} with "
-                 f"{args.jobs} worker processes (a 2-core machine), {time.strftime('%Y-%m-%d')}.\n\n"
+                 f"{args.jobs} worker processes (a 2-core machine), running {engine}, {time.strftime('%Y-%m-%d')}.\n\n"
                  + "\n".join(lines) + f"\n{marker}")
         if marker in text:
             a, _, rest = text.partition(marker)

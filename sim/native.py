@@ -2,7 +2,7 @@
 
 The Python sources are the reference. `python -m sim.native_build` (run by `make native`) compiles
 `MODULES` with mypyc into `build/native/` of the checkout and records each source's SHA-256 in
-`build/native/manifest.json`. `enable()`, called when `sim` is imported, makes `import
+`build/native/manifest.txt`. `enable()`, called when `sim` is imported, makes `import
 sim.engine.scheduler` (and the others) load the compiled module only when the manifest's hashes
 equal the sources on disk and a compiled file exists for this interpreter; otherwise the `.py`
 sources load as usual, so an edited source is never shadowed by a stale build.
@@ -15,14 +15,12 @@ state: the per-iteration Python that dominates a run (benchmarks/README.md).
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "build" / "native"
-MANIFEST = OUT / "manifest.json"
 MODULES = ("sim.engine.state", "sim.engine.scheduler", "sim.engine.pipeline", "sim.engine.view", "sim.engine.records",
            "sim.latency.variance", "sim.policies.rls")
 GROUP = "pipesim_native"  # mypyc's shared library is the module GROUP + "__mypyc"
@@ -53,8 +51,8 @@ def compiled_file(module: str, folder: Path = OUT) -> Path | None:
 def fresh_build(folder: Path = OUT) -> dict[str, Path] | None:
     """Module name -> compiled file, when every module's build is present and its source
     unchanged since; None otherwise (then the sources are used)."""
-    try:
-        manifest = json.loads((folder / "manifest.json").read_text())
+    try:  # (lines "module sha256"; json would cost every command its import)
+        manifest = dict(line.split() for line in (folder / "manifest.txt").read_text().splitlines())
     except (OSError, ValueError):
         return None
     files = {}

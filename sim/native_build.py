@@ -6,7 +6,6 @@ Needs mypy (the `dev` extra), setuptools, a C compiler and the Python headers.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import subprocess
@@ -20,6 +19,7 @@ from sim.native import GROUP, MODULES, OUT, ROOT, compiled_file, digest, fresh_b
 def build(out: Path = OUT) -> None:
     """Compile MODULES with mypyc into `out` (needs mypy, a C compiler and the Python headers)."""
     paths = [str(source(m).relative_to(ROOT)) for m in MODULES]
+    digests = {m: digest(source(m)) for m in MODULES}  # (before compiling: an edit meanwhile makes it stale)
     with tempfile.TemporaryDirectory() as tmp:
         # (mypyc writes its C files to target_dir, mypy its cache to MYPY_CACHE_DIR: both in tmp)
         script = (
@@ -35,18 +35,18 @@ def build(out: Path = OUT) -> None:
         proc = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True)
         if proc.returncode != 0:
             tail = (proc.stdout + proc.stderr).strip().splitlines()[-15:]
-            raise SystemExit("sim.native build: mypyc failed:\n" + "\n".join(tail))
+            raise SystemExit("sim.native_build: mypyc failed:\n" + "\n".join(tail))
         shutil.rmtree(out, ignore_errors=True)
         out.mkdir(parents=True)
         lib = Path(tmp) / "lib"
         for module in (*MODULES, GROUP + "__mypyc"):
             f = compiled_file(module, lib)
             if f is None:
-                raise SystemExit(f"sim.native build: mypyc produced no compiled file for {module}")
+                raise SystemExit(f"sim.native_build: mypyc produced no compiled file for {module}")
             dest = out / f.relative_to(lib)
             dest.parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(f, dest)
-    (out / "manifest.json").write_text(json.dumps({m: digest(source(m)) for m in MODULES}, indent=1) + "\n")
+    (out / "manifest.txt").write_text("".join(f"{m} {d}\n" for m, d in digests.items()))
 
 
 def main(argv: list[str] | None = None) -> int:

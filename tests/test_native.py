@@ -24,7 +24,7 @@ def _fake_build(folder, digests=None):
         f.parent.mkdir(parents=True, exist_ok=True)
         f.write_bytes(b"")
     digests = digests or {m: native.digest(native.source(m)) for m in native.MODULES}
-    (folder / "manifest.json").write_text(json.dumps(digests))
+    (folder / "manifest.txt").write_text("".join(f"{m} {d}\n" for m, d in digests.items()))
 
 
 def test_a_build_of_the_current_sources_is_fresh(tmp_path):
@@ -47,7 +47,7 @@ def test_a_missing_compiled_file_or_manifest_means_no_build(tmp_path):
     f.unlink()
     assert native.fresh_build(tmp_path) is None
     _fake_build(tmp_path)
-    (tmp_path / "manifest.json").write_text("{not json")
+    (tmp_path / "manifest.txt").write_text("sim.engine.state\n")  # (a line without its hash)
     assert native.fresh_build(tmp_path) is None
 
 
@@ -137,3 +137,12 @@ def test_the_compiled_engine_gives_the_same_lockstep_summaries():
     assert outs[True] == outs[False]
     served = [[s is not None for s in group] for group in json.loads(outs[True])]
     assert served[0][0] and served[1][0]  # (each group's primary run was simulated)
+
+
+def test_the_build_command_checks_its_arguments(capsys):
+    from sim import native_build
+
+    assert native_build.main(["--bogus"]) == 2
+    assert "usage: python -m sim.native_build" in capsys.readouterr().err
+    assert native_build.main(["--status"]) == 0
+    assert "build" in capsys.readouterr().out
