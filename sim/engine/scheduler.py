@@ -117,12 +117,12 @@ class Scheduler:
         req.kv_base += tokens
 
     def _live(self, slot: Slot) -> tuple[list[Req], tuple[int, int, int] | None]:
-        assert slot.running is not None
         """The slot's running requests that have not finished, and their (summed context,
         summed tokens left, most tokens left), None: unknown, to be summed. After the slot's
         micro-batch was sampled both are known (`Slot.sampled`): the list itself when nothing
         finished, else a filtered copy (a finished request has no tokens left)."""
         running = slot.running
+        assert running is not None  # (callers check; the compiled module needs it said)
         if running is slot.sampled:
             ctx, done, left, top = slot.summary
             if done == 0:
