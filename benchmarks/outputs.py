@@ -66,5 +66,6 @@ def main() -> None:
         total = lean + write_s[fmt, "iterations"]
         print(f"outputs / simulation, --format {fmt}: {total / sim_s:.1%} (with --no-iterations: {lean / sim_s:.1%})")
 
+
 if __name__ == "__main__":
     main()

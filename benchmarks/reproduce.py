@@ -8,7 +8,6 @@ and writes the timing table, the command and the commit into experiments/results
 from __future__ import annotations
 
 import argparse
-import os
 import platform
 import shutil
 import subprocess
@@ -39,8 +38,8 @@ def main() -> int:
                                 cwd=REPO, capture_output=True, text=True).stdout.strip())
     from sim import native
 
-    compiled = native.fresh_build() is not None and os.environ.get("PIPESIM_PURE", "") in ("", "0")
-    engine = "the compiled engine (sim/native.py)" if compiled else "the engine's Python sources"
+    # (`import sim` enabled the compiled modules if fresh and not PIPESIM_PURE; workers do the same)
+    engine = "the compiled engine (sim/native.py)" if native.active() else "the engine's Python sources"
     rows = []
     t_all = time.perf_counter()
     for exp in EXPERIMENT_IDS:

@@ -24,6 +24,8 @@ OUT = ROOT / "build" / "native"
 MODULES = ("sim.engine.state", "sim.engine.scheduler", "sim.engine.pipeline", "sim.engine.view", "sim.engine.records",
            "sim.latency.variance", "sim.policies.rls")
 GROUP = "pipesim_native"  # mypyc's shared library is the module GROUP + "__mypyc"
+FILES = (*MODULES, GROUP + "__mypyc")  # the compiled files a build holds, by module name
+MANIFEST = "manifest.txt"  # lines "module sha256" (json would cost every command its import)
 
 _active: dict[str, Path] = {}
 
@@ -34,6 +36,15 @@ def source(module: str) -> Path:
 
 def digest(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def source_digests() -> dict[str, str]:
+    """Module name -> SHA-256 of its source, for every compiled module."""
+    return {m: digest(source(m)) for m in MODULES}
+
+
+def write_manifest(folder: Path, digests: dict[str, str]) -> None:
+    (folder / MANIFEST).write_text("".join(f"{m} {d}\n" for m, d in digests.items()))
 
 
 def compiled_file(module: str, folder: Path = OUT) -> Path | None:
@@ -51,20 +62,17 @@ def compiled_file(module: str, folder: Path = OUT) -> Path | None:
 def fresh_build(folder: Path = OUT) -> dict[str, Path] | None:
     """Module name -> compiled file, when every module's build is present and its source
     unchanged since; None otherwise (then the sources are used)."""
-    try:  # (lines "module sha256"; json would cost every command its import)
-        manifest = dict(line.split() for line in (folder / "manifest.txt").read_text().splitlines())
+    try:
+        manifest = dict(line.split() for line in (folder / MANIFEST).read_text().splitlines())
     except (OSError, ValueError):
         return None
     files = {}
-    for module in (*MODULES, GROUP + "__mypyc"):
+    for module in FILES:
         f = compiled_file(module, folder)
         if f is None:
             return None
         files[module] = f
-    for module in MODULES:
-        if manifest.get(module) != digest(source(module)):
-            return None
-    return files
+    return files if manifest == source_digests() else None
 
 
 class _Finder:

@@ -13,20 +13,21 @@ import sys
 import tempfile
 from pathlib import Path
 
-from sim.native import GROUP, MODULES, OUT, ROOT, compiled_file, digest, fresh_build, source
+from sim.native import (FILES, GROUP, MODULES, OUT, ROOT, compiled_file, fresh_build, source, source_digests,
+                        write_manifest)
 
 
 def build(out: Path = OUT) -> None:
     """Compile MODULES with mypyc into `out` (needs mypy, a C compiler and the Python headers)."""
     paths = [str(source(m).relative_to(ROOT)) for m in MODULES]
-    digests = {m: digest(source(m)) for m in MODULES}  # (before compiling: an edit meanwhile makes it stale)
+    digests = source_digests()  # (before compiling: an edit meanwhile makes the build stale)
     with tempfile.TemporaryDirectory() as tmp:
         # (mypyc writes its C files to target_dir, mypy its cache to MYPY_CACHE_DIR: both in tmp)
         script = (
             "from setuptools import setup\n"
             "from mypyc.build import mypycify\n"
-            f"mods = mypycify(['--ignore-missing-imports', '--follow-imports=silent', *{paths!r}], group_name={GROUP!r},\n"
-            f"                target_dir={str(Path(tmp) / 'c')!r})\n"
+            f"mods = mypycify(['--ignore-missing-imports', '--follow-imports=silent', *{paths!r}],\n"
+            f"                group_name={GROUP!r}, target_dir={str(Path(tmp) / 'c')!r})\n"
             f"setup(name='pipesim-native', ext_modules=mods,\n"
             f"      script_args=['build_ext', '--build-lib', {str(Path(tmp) / 'lib')!r},\n"
             f"                   '--build-temp', {str(Path(tmp) / 'temp')!r}])\n"
@@ -39,14 +40,14 @@ def build(out: Path = OUT) -> None:
         shutil.rmtree(out, ignore_errors=True)
         out.mkdir(parents=True)
         lib = Path(tmp) / "lib"
-        for module in (*MODULES, GROUP + "__mypyc"):
+        for module in FILES:
             f = compiled_file(module, lib)
             if f is None:
                 raise SystemExit(f"sim.native_build: mypyc produced no compiled file for {module}")
             dest = out / f.relative_to(lib)
             dest.parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(f, dest)
-    (out / "manifest.txt").write_text("".join(f"{m} {d}\n" for m, d in digests.items()))
+    write_manifest(out, digests)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -18,23 +18,22 @@ from conftest import REPO
 
 def _fake_build(folder, digests=None):
     """A build folder with empty stand-ins for the compiled files (never imported here)."""
-    for module in (*native.MODULES, native.GROUP + "__mypyc"):
+    for module in native.FILES:
         f = folder.joinpath(*module.split("."))
         f = f.with_name(f.name + EXTENSION_SUFFIXES[0])
         f.parent.mkdir(parents=True, exist_ok=True)
         f.write_bytes(b"")
-    digests = digests or {m: native.digest(native.source(m)) for m in native.MODULES}
-    (folder / "manifest.txt").write_text("".join(f"{m} {d}\n" for m, d in digests.items()))
+    native.write_manifest(folder, digests or native.source_digests())
 
 
 def test_a_build_of_the_current_sources_is_fresh(tmp_path):
     _fake_build(tmp_path)
     files = native.fresh_build(tmp_path)
-    assert files is not None and set(files) == {*native.MODULES, native.GROUP + "__mypyc"}
+    assert files is not None and set(files) == set(native.FILES)
 
 
 def test_an_edited_source_makes_the_build_stale(tmp_path):
-    digests = {m: native.digest(native.source(m)) for m in native.MODULES}
+    digests = native.source_digests()
     digests["sim.engine.scheduler"] = "0" * 64  # built from another version of the source
     _fake_build(tmp_path, digests)
     assert native.fresh_build(tmp_path) is None
@@ -47,7 +46,7 @@ def test_a_missing_compiled_file_or_manifest_means_no_build(tmp_path):
     f.unlink()
     assert native.fresh_build(tmp_path) is None
     _fake_build(tmp_path)
-    (tmp_path / "manifest.txt").write_text("sim.engine.state\n")  # (a line without its hash)
+    (tmp_path / native.MANIFEST).write_text("sim.engine.state\n")  # (a line without its hash)
     assert native.fresh_build(tmp_path) is None
 
 

@@ -105,8 +105,8 @@ class IterationNoise:
         return v
 
 
-def sample_factors(params: VarianceParams, num_stages: int, seed: int, n: int, prefix: str = "latency") -> Any:  # (a numpy array)
-    """n iterations of draws as an array of shape (n, num_stages + 1): the stage factors (jitter and
+def sample_factors(params: VarianceParams, num_stages: int, seed: int, n: int, prefix: str = "latency") -> Any:
+    """n iterations of draws as a numpy array of shape (n, num_stages + 1): the stage factors (jitter and
     slow-down together), then the stall in ms (for tests and for the calibration report)."""
     noise = IterationNoise(params, num_stages, seed, prefix)
     out = np.empty((n, num_stages + 1))
