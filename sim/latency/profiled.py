@@ -63,6 +63,7 @@ from sim.errors import ConfigError, DataError
 from sim.tomlio import read_toml
 from sim.latency.base import BatchStats, StepTime, latency_models
 from sim.latency.variance import IterationNoise, VarianceParams
+from sim.latency.stagetimer import StageTimer
 
 GIB = 1 << 30
 
@@ -374,7 +375,16 @@ class ProfiledLatencyModel:
         # s_mem to s_comp while the table may be flat: more tokens never cost less after scaling.
         scaled = np.maximum.accumulate(profile.layer_ms * np.array([self.scale(int(g)) for g in profile.grid]))
         self._scaled_ms = scaled.tolist()
-        self._parts: dict[int, tuple] = {}  # tokens -> per stage (layers, linear, comm, overhead)
+        # the per-batch hot path (stagetimer.py, compiled with the engine): attention and the
+        # cached token-count parts; `stage_times` is its bound method (no Python frame per batch)
+        att = profile.attention
+        self._timer = StageTimer(self._token_parts, pp, self.s_comp, self.s_mem, att["prefill"], att["decode"],
+                                 self.wave_frac, self.kv_heads_per_gpu, self.sm_count, self.cpu_s, self.cpu_per_req_s,
+                                 self.broadcast_s, self.logits_gather_s if self.tp > 1 else None)
+        self.stage_times = self._timer.times
+        # `overhead_s(st)`: the critical-path host time of one iteration whose slot runs `st`
+        # (None: an empty turn, which pays only the broadcast)
+        self.overhead_s = self._timer.overhead_s
 
     # -- building blocks (seconds, one layer unless stated) --
     def scale(self, tokens: int) -> float:
@@ -402,19 +412,8 @@ class ProfiledLatencyModel:
         return (ms[-1] + slope * (tokens - grid[-1])) / 1e3
 
     def attention_s(self, st: BatchStats) -> float:
-        t = 0.0
-        if st.num_prefill:
-            p = self.profile.attention["prefill"]
-            t += self.s_comp * (p["a_ms"] + p["b_c"] * st.prefill_tokens + p["b_c2"] * st.sum_c2 + p["b_cp"] * st.sum_cp)
-        if st.num_decode:
-            d = self.profile.attention["decode"]
-            ctx = st.sum_decode_ctx
-            if self.wave_frac > 0:
-                n, h, w = st.num_decode, self.kv_heads_per_gpu, self.sm_count
-                padded = math.ceil(n * h / w) * w / h
-                ctx = (1 - self.wave_frac) * ctx + self.wave_frac * (ctx / n) * padded
-            t += self.s_mem * (d["a_ms"] + d["b_ctx"] * ctx)
-        return t / 1e3
+        """One layer's attention time (seconds): prefill terms scaled by s_comp, decode by s_mem."""
+        return self._timer.attention_s(st)
 
     def p2p_s(self, tokens: int) -> float:
         """PP activation send of `tokens` tokens into the next stage (seconds)."""
@@ -439,12 +438,6 @@ class ProfiledLatencyModel:
         if self._ar_curve is not None:
             return self._ar_curve(size / 2) / 1e3
         return self.ar_alpha_s + (self.tp - 1) / self.tp * size / self.ar_bw
-
-    def overhead_s(self, st: BatchStats | None) -> float:
-        """Critical-path host time of one iteration whose slot runs `st` (None: an empty turn)."""
-        if st is None:
-            return self.broadcast_s
-        return self.cpu_s + self.cpu_per_req_s * (st.num_prefill + st.num_decode) + self.broadcast_s
 
     def make_noise(self, prefix: str = "latency") -> IterationNoise | None:
         """The per-iteration draws of one pipeline (None for a zero-variance truth)."""
@@ -474,25 +467,14 @@ class ProfiledLatencyModel:
             comm += self.logits_gather_s(st.num_prefill + st.num_decode)
         return StepTime(linear, attention, comm, overhead)
 
-    def stage_times(self, st: BatchStats) -> tuple[float, ...]:
-        """`stage_time(st, s).total_s` for every stage, bit for bit, with the parts that depend
-        only on the token count cached: the attention term is the only one that varies between
-        batches of equal size (decode contexts), and it is the same for every stage."""
-        tokens = st.num_tokens
-        if tokens <= 0:
-            return (0.0,) * self.num_stages
-        parts = self._parts.get(tokens)
-        if parts is None:
-            steps = [self.stage_time(BatchStats(tokens), s) for s in range(self.num_stages)]
-            parts = tuple((n, t.linear_s, t.comm_s, t.overhead_s) for n, t in zip(self.layers, steps))
-            self._parts[tokens] = parts
-        att = self.attention_s(st)
-        # same order of additions as StepTime.total_s
-        times = tuple([lin + n * att + comm + ov for n, lin, comm, ov in parts])
-        if self.tp > 1:  # the logits all-gather depends on the sequences, not only the tokens
-            gather = self.logits_gather_s(st.num_prefill + st.num_decode)
-            times = times[:-1] + (times[-1] + gather,)
-        return times
+    def _token_parts(self, tokens: int) -> tuple:
+        """Per stage (layers, linear, comm, overhead) of a batch of `tokens` tokens: what
+        `stage_time` gives that does not depend on the attention (StageTimer caches it)."""
+        steps = [self.stage_time(BatchStats(tokens), s) for s in range(self.num_stages)]
+        return tuple((n, t.linear_s, t.comm_s, t.overhead_s) for n, t in zip(self.layers, steps))
+
+    # `stage_times(st)`: `stage_time(st, s).total_s` for every stage, bit for bit (set in
+    # __init__ to the StageTimer's `times`)
 
     def kv_capacity_tokens(self, mem_fraction: float) -> int:
         return kv_capacity_tokens(self.profile, self.num_stages, mem_fraction)

@@ -1,0 +1,90 @@
+"""The profiled ground truth's per-batch stage times: the engine's per-iteration hot path.
+
+`ProfiledLatencyModel` (profiled.py) holds the model: the tables, the scaling, the communication
+and the overhead terms. Per micro-batch only two things vary: the parts that depend on the token
+count alone (looked up once per count and cached here) and the attention term (decode contexts,
+prefill squares), which is the same for every stage. `StageTimer` keeps those two as plain numbers,
+so that mypyc compiles them (sim/native.py) and the engine calls it without a Python frame; the
+sources give the same floats, in the same order of operations, compiled or not.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+
+class StageTimer:
+    """`times(st)`: every stage's total seconds for a batch with stats `st` (a BatchStats).
+
+    `parts_of(tokens)` gives, per stage, (layers, linear_s, comm_s, overhead_s) for a batch of
+    `tokens` tokens with no attention; `gather_s(num_seqs)`, if given, the TP logits all-gather
+    added to the last stage. The attention coefficients are the profile's (ms), with the scaling
+    factors `s_comp` (prefill) and `s_mem` (decode) and the decode wave padding (profiled.py).
+    `overhead_s(st)`: the iteration's host time (scheduler CPU per iteration and per request,
+    token broadcast)."""
+
+    def __init__(self, parts_of: Callable[[int], Any], num_stages: int, s_comp: float, s_mem: float,
+                 prefill: dict, decode: dict, wave_frac: float, kv_heads: int, sm_count: float,
+                 cpu_s: float, cpu_per_req_s: float, broadcast_s: float,
+                 gather_s: Callable[[int], float] | None = None) -> None:
+        self.parts_of = parts_of
+        self.num_stages = num_stages
+        # Every number is held as a float and the batch's sums are read as floats: exact for
+        # integers below 2^53, so each product and quotient is the reference's (Python's mixed
+        # int/float arithmetic converts the int the same way), in the same order.
+        self.s_comp = float(s_comp)
+        self.s_mem = float(s_mem)
+        self.p_a = float(prefill["a_ms"])
+        self.p_c = float(prefill["b_c"])
+        self.p_c2 = float(prefill["b_c2"])
+        self.p_cp = float(prefill["b_cp"])
+        self.d_a = float(decode["a_ms"])
+        self.d_ctx = float(decode["b_ctx"])
+        self.wave_frac = float(wave_frac)
+        self.kv_heads = int(kv_heads)
+        self.sm_count = float(sm_count)
+        self.cpu_s = float(cpu_s)
+        self.cpu_per_req_s = float(cpu_per_req_s)
+        self.broadcast_s = float(broadcast_s)
+        self.gather_s = gather_s
+        self._parts: dict[int, tuple[tuple[int, float, float, float], ...]] = {}
+        self._zeros = (0.0,) * num_stages
+
+    def attention_s(self, st: Any) -> float:
+        """One layer's attention time for the batch (seconds)."""
+        t = 0.0
+        if st.num_prefill:
+            t += self.s_comp * (self.p_a + self.p_c * float(st.prefill_tokens) + self.p_c2 * float(st.sum_c2)
+                                + self.p_cp * float(st.sum_cp))
+        n = int(st.num_decode)
+        if n:
+            ctx = float(st.sum_decode_ctx)
+            if self.wave_frac > 0:
+                h, w = self.kv_heads, self.sm_count
+                padded = math.ceil(n * h / w) * w / h
+                ctx = (1 - self.wave_frac) * ctx + self.wave_frac * (ctx / n) * padded
+            t += self.s_mem * (self.d_a + self.d_ctx * ctx)
+        return t / 1e3
+
+    def overhead_s(self, st: Any) -> float:
+        """Critical-path host time of one iteration whose slot runs `st` (None: an empty turn)."""
+        if st is None:
+            return self.broadcast_s
+        return self.cpu_s + self.cpu_per_req_s * float(st.num_prefill + st.num_decode) + self.broadcast_s
+
+    def times(self, st: Any) -> tuple[float, ...]:
+        tokens = int(st.prefill_tokens + st.num_decode)
+        if tokens <= 0:
+            return self._zeros
+        parts = self._parts.get(tokens)
+        if parts is None:
+            parts = tuple([(int(n), float(lin), float(comm), float(ov)) for n, lin, comm, ov in self.parts_of(tokens)])
+            self._parts[tokens] = parts
+        att = self.attention_s(st)
+        # same order of additions as StepTime.total_s
+        times = tuple([lin + n * att + comm + ov for n, lin, comm, ov in parts])
+        if self.gather_s is not None:  # the logits all-gather depends on the sequences, not only the tokens
+            times = times[:-1] + (times[-1] + self.gather_s(st.num_prefill + st.num_decode),)
+        return times
