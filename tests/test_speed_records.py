@@ -21,7 +21,7 @@ def test_log_reads_back_rows_across_blocks_and_merges_replicas():
     for rep, n in ((0, IterationLog.BLOCK + 3), (1, 5)):
         log = IterationLog(2)
         for k in range(n):
-            log.record(_row(k, "decode" if k % 3 else "idle"), [0.1 * k, 0.2 * k])
+            log.record(*_row(k, "decode" if k % 3 else "idle"), [0.1 * k, 0.2 * k])
         assert len(log) == n
         logs.append(log)
     merged = IterationLog.merge(logs, 2)
@@ -63,3 +63,24 @@ def test_memory_test_by_hand(cur_rem, expect):
     adder = PrefillAdder(sched, 0)
     adder.cur_rem = cur_rem
     assert adder._passes_memory_test(_req(3, 40, 10, 0)) is expect
+
+
+def test_trigger_after_fires_like_a_timeout():
+    """The pipeline's inlined schedule (`_trigger_after`) puts an event on SimPy's queue exactly
+    where `env.timeout` would: same time, and ties in creation order."""
+    import simpy
+
+    from sim.engine.pipeline import _trigger_after
+
+    env = simpy.Environment(initial_time=0.1)
+    fired = []
+    for i, delay in enumerate((0.1, 0.1, 0.3, 0.0, 0.2)):
+        if i % 2:
+            ev = env.event()
+            _trigger_after(env, ev, delay)
+        else:
+            ev = env.timeout(delay)
+        ev.callbacks.append(lambda e, i=i: fired.append((i, env.now, e.value)))
+    env.run()
+    assert fired == [(3, 0.1, None), (0, 0.1 + 0.1, None), (1, 0.1 + 0.1, None), (4, 0.1 + 0.2, None),
+                     (2, 0.1 + 0.3, None)]

@@ -15,6 +15,7 @@ its iterations; `columns` and `stage_busy` then read the files back, one column 
 
 from __future__ import annotations
 
+import struct
 import tempfile
 from array import array
 from pathlib import Path
@@ -112,46 +113,67 @@ class IterationLog:
     """The iterations of one pipeline (or of several replicas, merged): `columns` holds the
     typed columns by name (plus `replica` after a merge), `stage_busy` the busy times."""
 
-    BLOCK = 4096  # rows buffered as tuples (the per-iteration hot path), then moved to the columns
+    BLOCK = 4096  # rows buffered in one Python list per column (the per-iteration hot path)
 
     def __init__(self, num_stages: int, spill: bool = False) -> None:
         self._columns: dict = {c: (ModeColumn() if t == "b" else array(t)) for c, t in COLUMNS.items()}
         self._stage_busy = StageBusy(num_stages)
-        self._rows: list[tuple] = []
-        self._busy_rows: list[tuple] = []  # the stages' busy seconds of the buffered rows
+        # the buffered rows, a list per column in COLUMNS order plus the stages' busy seconds
+        # (row-major): appending to lists makes no object per row for the garbage collector
+        self._buf: list[list] = [[] for _ in COLUMNS]
+        self._busy: list[float] = []
+        self._n = 0
         self.num_stages = num_stages
         self.spill = spill
         self._spill: SpillFiles | None = None  # made at the first flush (no I/O here)
 
-    def record(self, row: tuple, busy: list) -> None:
-        """Append one iteration: `row` holds the values of COLUMNS in order, `busy` the stages'."""
-        rows = self._rows
-        rows.append(row)
-        self._busy_rows.append(tuple(busy))
-        if len(rows) >= self.BLOCK:
+    def record(self, k: int, slot: int, start_s: float, end_s: float, mode: str, num_tokens: int,
+               prefill_tokens: int, num_prefill: int, num_decode: int, chunk_size: int, kv_used_tokens: int,
+               num_waiting: int, num_running: int, host_s: float, busy: list) -> None:
+        """Append one iteration: the values of COLUMNS in order, then the stages' busy seconds."""
+        b = self._buf
+        b[0].append(k)
+        b[1].append(slot)
+        b[2].append(start_s)
+        b[3].append(end_s)
+        b[4].append(mode)
+        b[5].append(num_tokens)
+        b[6].append(prefill_tokens)
+        b[7].append(num_prefill)
+        b[8].append(num_decode)
+        b[9].append(chunk_size)
+        b[10].append(kv_used_tokens)
+        b[11].append(num_waiting)
+        b[12].append(num_running)
+        b[13].append(host_s)
+        self._busy.extend(busy)
+        self._n += 1
+        if self._n >= self.BLOCK:
             self._flush()
 
     def _flush(self) -> None:
-        if not self._rows:
+        n = self._n
+        if not n:
             return
-        import numpy as np
-
-        # a block's rows go to the typed columns through numpy (the same 8-byte values, several
-        # times faster than `array.extend`, which parses every item on its own)
-        busy = np.asarray(self._busy_rows, dtype=np.float64).tobytes()
-        self._busy_rows = []
+        # a block goes to the typed columns as packed bytes (the same 8-byte values; `struct`
+        # converts a list several times faster than `array.extend`, which parses every item)
+        blocks: dict = {}
+        for (name, code), values in zip(COLUMNS.items(), self._buf):
+            if code == "b":
+                values = [_MODE_CODE[m] for m in values]
+            blocks[name] = struct.pack(f"{n}{code}", *values)
+        busy = struct.pack(f"{len(self._busy)}d", *self._busy)
         if self.spill:
             if self._spill is None:
                 self._spill = SpillFiles(self.num_stages)
-            self._spill.append(self._rows, array("d", busy))
+            self._spill.append(blocks, busy, n)
         else:
+            for name, col in self._columns.items():
+                (col.codes if isinstance(col, ModeColumn) else col).frombytes(blocks[name])
             self._stage_busy.flat.frombytes(busy)
-            for col, values in zip(self._columns.values(), zip(*self._rows)):
-                if isinstance(col, ModeColumn):
-                    col.codes.extend([_MODE_CODE[m] for m in values])
-                else:
-                    col.frombytes(np.asarray(values, dtype=np.float64 if col.typecode == "d" else np.int64).tobytes())
-        self._rows = []
+        self._buf = [[] for _ in COLUMNS]
+        self._busy = []
+        self._n = 0
 
     @property
     def columns(self) -> Any:
@@ -169,8 +191,8 @@ class IterationLog:
 
     def __len__(self) -> int:
         if self.spill:
-            return (self._spill.rows if self._spill is not None else 0) + len(self._rows)
-        return len(self._columns["iteration"]) + len(self._rows)
+            return (self._spill.rows if self._spill is not None else 0) + self._n
+        return len(self._columns["iteration"]) + self._n
 
     @classmethod
     def merge(cls, logs: list["IterationLog"], num_stages: int):
@@ -201,20 +223,19 @@ class SpillFiles:
         self.num_stages = num_stages
         self.rows = 0
 
-    def append(self, rows: list[tuple], busy_flat: array) -> None:
+    def append(self, blocks: dict, busy: bytes, rows: int) -> None:
+        """Append `rows` rows: `blocks[name]` holds a column's values as bytes (its typecode's
+        8-byte or, for `mode`, 1-byte items), `busy` the stages' busy seconds row-major."""
         import numpy as np
 
-        index = {c: i for i, c in enumerate(COLUMNS)}
         for name in SUMMARY_COLUMNS:
-            values = [r[index[name]] for r in rows]
-            col = array("b", [_MODE_CODE[m] for m in values]) if name == "mode" else array(COLUMNS[name], values)
             with open(self.path / name, "ab") as fh:
-                col.tofile(fh)
-        busy = np.frombuffer(busy_flat, dtype=np.float64).reshape(len(rows), self.num_stages)
+                fh.write(blocks[name])
+        flat = np.frombuffer(busy, dtype=np.float64).reshape(rows, self.num_stages)
         for s in range(self.num_stages):
             with open(self.path / f"stage{s}", "ab") as fh:
-                np.ascontiguousarray(busy[:, s]).tofile(fh)
-        self.rows += len(rows)
+                np.ascontiguousarray(flat[:, s]).tofile(fh)
+        self.rows += rows
 
     def read(self, name: str):
         import numpy as np

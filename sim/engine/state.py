@@ -15,7 +15,7 @@ DECODE, EXTEND, MIXED = "decode", "extend", "mixed"
 WAITING, RUNNING, FINISHED = "waiting", "running", "finished"
 
 
-def lengths(reqs, ctx: int = 0, total: int = 0, top: int = 0) -> tuple[int, int, int]:
+def lengths(reqs: list[Req], ctx: int = 0, total: int = 0, top: int = 0) -> tuple[int, int, int]:
     """(summed context, summed tokens left, most tokens left) of `reqs`, on top of the given ones:
     context = prompt + output so far, tokens left = max_new - output so far."""
     for r in reqs:
@@ -129,7 +129,7 @@ class MicroBatch:
     __slots__ = ("index", "slot", "mode", "prefill", "decodes", "chunked", "stats", "stage_s", "chunk_size",
                  "infos", "left_sum", "left_top", "after")
 
-    def __init__(self, index: int, slot: int, mode: str, prefill: list, decodes: list,
+    def __init__(self, index: int, slot: int, mode: str, prefill: list[tuple[Req, int, int]], decodes: list[Req],
                  chunked: Req | None, chunk_size: int, decode_ctx: int | None = None,
                  decode_left: tuple[int, int] | None = None) -> None:
         self.index = index
@@ -155,7 +155,7 @@ class MicroBatch:
         # what the token emission leaves of the decodes (the scheduler's Slot.summary)
         self.after: tuple[int, int, int, int] | None = None
         self.stage_s: tuple[float, ...] = ()
-        # its policy descriptions (view.BatchInfo.of), made once: a batch in flight is described
+        # its policy descriptions (view.batch_info), made once: a batch in flight is described
         # to the predictive policy at every iteration it spends in the pipeline
         self.infos: tuple | None = None
 

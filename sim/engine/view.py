@@ -1,20 +1,20 @@
 """Read-only views of the scheduler for policies (they never touch engine state).
 
-Everything here is either a number or a freshly built tuple of small frozen records, so a
-policy cannot change the simulation by accident. The fields follow what the artifact's
+Everything here is either a number or a freshly built tuple of small immutable records (named
+tuples: a record costs one tuple, the engine makes one per micro-batch), so a policy cannot
+change the simulation by accident. The fields follow what the artifact's
 controllers and rebalancer read (fastpp-system-model.md sections 2-5).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from sim.engine.scheduler import Scheduler
 from sim.engine.state import MicroBatch
 
 
-@dataclass(frozen=True, slots=True)
-class BatchInfo:
+class BatchInfo(NamedTuple):
     """A micro-batch as the controllers see it (ALP's per-batch features, section 4.3).
 
     `num_tokens` N = prefill tokens + decodes; `decode_ctx` D = sum of decode contexts;
@@ -37,29 +37,29 @@ class BatchInfo:
     num_reqs_own: int
     holds_cut_chunk: bool = False
 
-    @classmethod
-    def of(cls, mb: MicroBatch, sched: Scheduler) -> "BatchInfo":
-        # Everything but `num_reqs_own` is fixed once the batch is formed, and that one only
-        # depends on whether the scheduler's chunked request is still this batch's own: both
-        # variants are made once and kept on the batch (`mb.infos`; the records are frozen).
-        infos = mb.infos
-        if infos is None:
-            st = mb.stats
-            n = mb.num_reqs
-            holds = mb.chunked is not None and any(p[0] is mb.chunked for p in mb.prefill)
-            info = cls(mb.slot, mb.mode, st.num_tokens, st.num_decode, st.sum_decode_ctx, st.sum_c2, st.sum_cp,
-                       n, n, holds)
-            own = cls(mb.slot, mb.mode, st.num_tokens, st.num_decode, st.sum_decode_ctx, st.sum_c2, st.sum_cp,
-                      n, n - 1, holds) if holds else info
-            infos = mb.infos = (info, own)
-        chunked = sched.chunked
-        if chunked is not None and mb.chunked is chunked and chunked.slot == mb.slot:
-            return infos[1]
-        return infos[0]
+
+def batch_info(mb: MicroBatch, sched: Scheduler) -> BatchInfo:
+    """The `BatchInfo` of micro-batch `mb` as the scheduler stands now."""
+    # Everything but `num_reqs_own` is fixed once the batch is formed, and that one only
+    # depends on whether the scheduler's chunked request is still this batch's own: both
+    # variants are made once and kept on the batch (`mb.infos`; the records are immutable).
+    infos = mb.infos
+    if infos is None:
+        st = mb.stats
+        n = mb.num_reqs
+        holds = mb.chunked is not None and any(p[0] is mb.chunked for p in mb.prefill)
+        info = BatchInfo(mb.slot, mb.mode, st.num_tokens, st.num_decode, st.sum_decode_ctx, st.sum_c2, st.sum_cp,
+                         n, n, holds)
+        own = BatchInfo(mb.slot, mb.mode, st.num_tokens, st.num_decode, st.sum_decode_ctx, st.sum_c2, st.sum_cp,
+                        n, n - 1, holds) if holds else info
+        infos = mb.infos = (info, own)
+    chunked = sched.chunked
+    if chunked is not None and mb.chunked is chunked and chunked.slot == mb.slot:
+        return infos[1]
+    return infos[0]
 
 
-@dataclass(frozen=True, slots=True)
-class WaitingInfo:
+class WaitingInfo(NamedTuple):
     """A queued request: when it arrived, and the prefill tokens it still needs."""
 
     req_id: int
@@ -69,8 +69,7 @@ class WaitingInfo:
     remaining_tokens: int
 
 
-@dataclass(frozen=True, slots=True)
-class ChunkedInfo:
+class ChunkedInfo(NamedTuple):
     """The one request being chunked: the slot of its latest chunk, its prefix and the
     prompt tokens not yet scheduled."""
 
@@ -81,8 +80,7 @@ class ChunkedInfo:
     remaining_tokens: int
 
 
-@dataclass(frozen=True, slots=True)
-class RunningInfo:
+class RunningInfo(NamedTuple):
     req_id: int
     arrival_s: float
     admit_s: float | None
@@ -160,7 +158,7 @@ class SchedulerView:
     def last_batches(self) -> tuple[BatchInfo | None, ...]:
         """Each slot's most recently launched micro-batch (None if the slot has none)."""
         sched = self._sched
-        return tuple(BatchInfo.of(s.last, sched) if s.last is not None else None for s in sched.slots)
+        return tuple(batch_info(s.last, sched) if s.last is not None else None for s in sched.slots)
 
     def running(self) -> tuple[RunningInfo, ...]:
         """The current slot's running batch, head (newest) first."""
