@@ -38,6 +38,9 @@ class BatchInfo(NamedTuple):
     holds_cut_chunk: bool = False
 
 
+_new_tuple = tuple.__new__
+
+
 def batch_info(mb: MicroBatch, sched: Scheduler) -> BatchInfo:
     """The `BatchInfo` of micro-batch `mb` as the scheduler stands now."""
     # Everything but `num_reqs_own` is fixed once the batch is formed, and that one only
@@ -48,10 +51,11 @@ def batch_info(mb: MicroBatch, sched: Scheduler) -> BatchInfo:
         st = mb.stats
         n = mb.num_reqs
         holds = mb.chunked is not None and any(p[0] is mb.chunked for p in mb.prefill)
-        info = BatchInfo(mb.slot, mb.mode, st.num_tokens, st.num_decode, st.sum_decode_ctx, st.sum_c2, st.sum_cp,
-                         n, n, holds)
-        own = BatchInfo(mb.slot, mb.mode, st.num_tokens, st.num_decode, st.sum_decode_ctx, st.sum_c2, st.sum_cp,
-                        n, n - 1, holds) if holds else info
+        fields = (mb.slot, mb.mode, st.prefill_tokens + st.num_decode, st.num_decode, st.sum_decode_ctx, st.sum_c2,
+                  st.sum_cp, n)
+        # (made as the named tuple's own `_make` makes it: `tuple.__new__`, no Python frame)
+        info = _new_tuple(BatchInfo, (*fields, n, holds))
+        own = _new_tuple(BatchInfo, (*fields, n - 1, holds)) if holds else info
         infos = mb.infos = (info, own)
     chunked = sched.chunked
     if chunked is not None and mb.chunked is chunked and chunked.slot == mb.slot:

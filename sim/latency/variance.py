@@ -78,21 +78,21 @@ class IterationNoise:
     def _refill(self) -> None:
         p = self.params
         if self._stage_rngs:
-            factors = list(zip(*(g.lognormal(self._mu, self._sigma, size=BLOCK).tolist() for g in self._stage_rngs)))
+            factors = np.stack([g.lognormal(self._mu, self._sigma, size=BLOCK) for g in self._stage_rngs], axis=1)
         else:
-            factors = [(1.0,) * self.num_stages] * BLOCK
+            factors = np.ones((BLOCK, self.num_stages))
         # the uniform block is drawn before the exponential block, from the one stall stream
         u = self._stall_rng.random(size=BLOCK)
         e = self._stall_rng.exponential(1.0, size=BLOCK)
         stall = np.where(u < p.stall_prob, e * p.stall_mean_ms / 1e3, 0.0).tolist()
         if self._slow_rng is not None:
             # a slow iteration stretches every stage by the same factor (own stream: the
-            # jitter and stall draws are the same with and without it)
+            # jitter and stall draws are the same with and without it); other rows are
+            # multiplied by exactly 1.0, which leaves them as they are
             u = self._slow_rng.random(size=BLOCK)
             e = self._slow_rng.exponential(1.0, size=BLOCK)
-            slow = np.where(u < p.slow_prob, 1.0 + e * p.slow_mean, 1.0).tolist()
-            factors = [tuple(f * k for f in fs) if k != 1.0 else fs for fs, k in zip(factors, slow)]
-        self._block = list(zip(factors, stall))
+            factors = factors * np.where(u < p.slow_prob, 1.0 + e * p.slow_mean, 1.0)[:, None]
+        self._block = list(zip(map(tuple, factors.tolist()), stall))
         self._i = 0
 
     def next(self) -> tuple[tuple[float, ...], float]:

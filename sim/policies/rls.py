@@ -26,7 +26,10 @@ from __future__ import annotations
 import math
 from bisect import bisect_left
 from operator import attrgetter, mul
-from typing import Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
+
+if TYPE_CHECKING:  # (the engine's view records; typed so that the compiled module reads them by index)
+    from sim.engine.view import BatchInfo
 
 FORGET = 0.9975
 P0 = 1.25
@@ -141,15 +144,15 @@ class ALPPredictor:
         i = bisect_left(cands, tokens)
         return cands[i] if i < len(cands) else cands[-1]
 
-    def _score(self, b) -> float:
+    def _score(self, b: BatchInfo) -> float:
         if self.rls.updates < self.warmup_updates:
             return float(b.decode_ctx + b.prefill_sq + b.prefill_prefix)
         return self.rls.residual(self.features(b.decode_ctx, b.prefill_sq, b.prefill_prefix))
 
-    def select_snapshot(self, batches):
+    def select_snapshot(self, batches: Sequence[BatchInfo | None]) -> BatchInfo | None:
         """The heaviest in-flight micro-batch, or None when none is a prefill (no sample)."""
         # (called every iteration: plain loops, the slot order only when there is a tie)
-        live = []
+        live: list[BatchInfo] = []
         prefill = False
         for b in batches:
             if b is not None and b.num_tokens > 0:
@@ -166,7 +169,7 @@ class ALPPredictor:
         tied.sort(key=attrgetter("slot"))
         return max(tied, key=self._score)  # NOTE: max keeps the first (lowest slot) on ties
 
-    def sample(self, current, inflight) -> tuple | None:
+    def sample(self, current: BatchInfo | None, inflight: Sequence[BatchInfo | None]) -> tuple | None:
         """(u, D, S, X) of the training sample this iteration would give, or None."""
         snap = self.select_snapshot(inflight)
         if snap is None or current is None:
@@ -176,7 +179,7 @@ class ALPPredictor:
             return None
         return (self.update_chunk(snap.num_tokens), snap.decode_ctx, snap.prefill_sq, snap.prefill_prefix)
 
-    def observe(self, current, inflight, iteration_s: float) -> bool:
+    def observe(self, current: BatchInfo | None, inflight: Sequence[BatchInfo | None], iteration_s: float) -> bool:
         """The post-step hook: one RLS update when the iteration yields a sample."""
         s = self.sample(current, inflight)
         if s is None or iteration_s <= 0:
