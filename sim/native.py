@@ -8,8 +8,9 @@ equal the sources on disk and a compiled file exists for this interpreter; other
 sources load as usual, so an edited source is never shadowed by a stale build.
 `PIPESIM_PURE=1` forces the sources (the test suite does, since some tests patch engine methods,
 which compiled classes do not allow; tests/test_native.py checks that both give byte-identical
-outputs). The compiled modules are the lock-step loop, the scheduler and the request and batch
-state: the per-iteration Python that dominates a run (benchmarks/README.md).
+outputs). The compiled modules are the lock-step loop, the scheduler, the request and batch
+state, the latency model's per-batch stage times (sim/latency/stagetimer.py), the variance draws
+and ALP's predictor: the per-iteration Python that dominates a run (benchmarks/README.md).
 """
 
 from __future__ import annotations

@@ -29,6 +29,8 @@ from sim.slo import need_over
 
 np = lazy("numpy")  # imported on first use (sim/lazy.py)
 
+INF = float("inf")
+
 
 def _trigger_after(env: simpy.Environment, event: simpy.Event, delay: float) -> None:
     """Trigger `event` `delay` seconds from now, as `env.timeout(delay)` would (same time, same
@@ -220,6 +222,11 @@ class Pipeline:
     def _scheduler(self):
         env, sched, P = self.env, self.sched, self.P
         queue = self.inbox.queue
+        # An inbox closed from the start holds the whole workload and changes only by this
+        # loop's pops: the head's arrival is kept here (`next_s`) instead of being asked of the
+        # queue every iteration (a table's LazyQueue answers in Python).
+        fixed = self.inbox.closed
+        next_s = queue[0].arrival_s if fixed and queue else INF
         inflight = self.inflight
         overhead_of = getattr(self.latency, "overhead_s", None)
         overhead = self.latency.iteration_overhead_s
@@ -239,8 +246,13 @@ class Pipeline:
             if self.guard is not None and (self.guard.reason or (k % SLOGuard.CHECK_EVERY == 0 and self.guard.check(now))):
                 self.status, self.reason = "stopped", self.guard.reason
                 break
-            while queue and queue[0].arrival_s <= now:
-                sched.add_waiting(queue.popleft())
+            if fixed:
+                while next_s <= now:
+                    sched.add_waiting(queue.popleft())
+                    next_s = queue[0].arrival_s if queue else INF
+            else:
+                while queue and queue[0].arrival_s <= now:
+                    sched.add_waiting(queue.popleft())
             if sched.is_idle() and not any(inflight):
                 # NOTE: the artifact's idle path resets the token-ratio estimate.
                 sched.new_token_ratio = INIT_NEW_TOKEN_RATIO
