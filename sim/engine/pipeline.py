@@ -20,7 +20,7 @@ import simpy
 from simpy.events import NORMAL
 
 from sim.engine.scheduler import INIT_NEW_TOKEN_RATIO, RunFailed, Scheduler
-from sim.engine.records import COLUMNS as ITER_COLUMNS, IterationLog
+from sim.engine.records import IterationLog
 from sim.engine.requests import RequestTable
 from sim.engine.state import Req
 from sim.engine.view import SchedulerView, batch_info
