@@ -140,6 +140,27 @@ def test_builder_meta_keys_accepted():
     assert prof.shape().intermediate_size == 27648
 
 
+def test_models_on_one_profile_share_its_token_parts_and_agree_with_fresh_ones():
+    """The token-count parts of the stage times are cached on the profile, per stage count
+    (a sweep's worker runs hundreds of points on one profile): a model built on a warm cache
+    gives the same floats as one on a fresh copy of the profile; another stage split or
+    overridden meta (`with_overrides`: a new profile) gets its own."""
+    prof = Profile.load(P32 / "tp1")
+    batches = [BatchStats.prefill(t) for t in (1, 130, 700, 2048)] + [BatchStats.decode(n, 900) for n in (3, 64)]
+    a = ProfiledLatencyModel(prof, 4, variance=False)
+    first = [a.stage_times(st) for st in batches]
+    assert len(prof.token_parts[4]) == len({st.num_tokens for st in batches})
+    b = ProfiledLatencyModel(prof, 4, variance=False)
+    assert [b.stage_times(st) for st in batches] == first
+    fresh = ProfiledLatencyModel(Profile.load(P32 / "tp1"), 4, variance=False)
+    assert [fresh.stage_times(st) for st in batches] == first
+    two = ProfiledLatencyModel(prof, 2, variance=False)
+    assert [len(two.stage_times(st)) for st in batches] == [2] * len(batches) and set(prof.token_parts) == {2, 4}
+    slow = load_model(prof, 4, p2p_alpha_us=5000.0)
+    assert slow.profile.token_parts is not prof.token_parts
+    assert slow.stage_times(batches[0])[0] > first[0][0]
+
+
 # -- monotonicity ---------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("mode", ["grid", "bucket128"])

@@ -131,6 +131,10 @@ class Profile:
         self.layer_ms = layer_ms
         self.attention = attention
         self.comm = comm
+        # Per stage count: the token-count parts of the stage times (ProfiledLatencyModel), which
+        # depend on this profile and the stage split only, so every run on it shares them (a
+        # sweep's worker runs hundreds of points on one cached profile).
+        self.token_parts: dict[int, dict] = {}
 
     @classmethod
     def load(cls, path: str | Path) -> "Profile":
@@ -380,7 +384,8 @@ class ProfiledLatencyModel:
         att = profile.attention
         self._timer = StageTimer(self._token_parts, pp, self.s_comp, self.s_mem, att["prefill"], att["decode"],
                                  self.wave_frac, self.kv_heads_per_gpu, self.sm_count, self.cpu_s, self.cpu_per_req_s,
-                                 self.broadcast_s, self.logits_gather_s if self.tp > 1 else None)
+                                 self.broadcast_s, self.logits_gather_s if self.tp > 1 else None,
+                                 profile.token_parts.setdefault(pp, {}))
         self.stage_times = self._timer.times
         # `overhead_s(st)`: the critical-path host time of one iteration whose slot runs `st`
         # (None: an empty turn, which pays only the broadcast)

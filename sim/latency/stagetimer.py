@@ -19,7 +19,8 @@ class StageTimer:
     """`times(st)`: every stage's total seconds for a batch with stats `st` (a BatchStats).
 
     `parts_of(tokens)` gives, per stage, (layers, linear_s, comm_s, overhead_s) for a batch of
-    `tokens` tokens with no attention; `gather_s(num_seqs)`, if given, the TP logits all-gather
+    `tokens` tokens with no attention (cached in `parts`, a dict that timers of the same profile
+    and stage split may share); `gather_s(num_seqs)`, if given, the TP logits all-gather
     added to the last stage. The attention coefficients are the profile's (ms), with the scaling
     factors `s_comp` (prefill) and `s_mem` (decode) and the decode wave padding (profiled.py).
     `overhead_s(st)`: the iteration's host time (scheduler CPU per iteration and per request,
@@ -28,7 +29,8 @@ class StageTimer:
     def __init__(self, parts_of: Callable[[int], Any], num_stages: int, s_comp: float, s_mem: float,
                  prefill: dict, decode: dict, wave_frac: float, kv_heads: int, sm_count: float,
                  cpu_s: float, cpu_per_req_s: float, broadcast_s: float,
-                 gather_s: Callable[[int], float] | None = None) -> None:
+                 gather_s: Callable[[int], float] | None = None,
+                 parts: dict[int, tuple[tuple[int, float, float, float], ...]] | None = None) -> None:
         self.parts_of = parts_of
         self.num_stages = num_stages
         # Every number is held as a float and the batch's sums are read as floats: exact for
@@ -49,7 +51,8 @@ class StageTimer:
         self.cpu_per_req_s = float(cpu_per_req_s)
         self.broadcast_s = float(broadcast_s)
         self.gather_s = gather_s
-        self._parts: dict[int, tuple[tuple[int, float, float, float], ...]] = {}
+        # `parts`: a cache of `parts_of` to share with other timers of the same profile and stages
+        self._parts: dict[int, tuple[tuple[int, float, float, float], ...]] = {} if parts is None else parts
         self._zeros = (0.0,) * num_stages
 
     def attention_s(self, st: Any) -> float:
