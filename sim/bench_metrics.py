@@ -72,7 +72,8 @@ def bench_metrics(req_df: pd.DataFrame, itls_ms: np.ndarray, duration_s: float,
 def bench_metrics_of(fin: dict, itls_ms, duration_s: float, slo_ttft_ms: float,
                      slo_tpot_ms: float) -> dict[str, float]:
     """The benchmark names from the finished requests' columns (generated_tokens, prompt_tokens,
-    ttft_ms, tpot_ms, e2e_ms arrays) and their pooled ITLs (an array or an `ItlCounts`)."""
+    ttft_ms, tpot_ms, e2e_ms arrays) and their pooled ITLs (an array or an `ItlCounts`; None:
+    no `*_itl_ms` names)."""
     completed = len(fin["ttft_ms"])
     tokens_out = float(fin["generated_tokens"].sum())
     tokens_in = float(fin["prompt_tokens"].sum())
@@ -95,6 +96,7 @@ def bench_metrics_of(fin: dict, itls_ms, duration_s: float, slo_ttft_ms: float,
     }
     out.update(_dist("ttft", ttft))
     out.update(_dist("tpot", tpot))
-    out.update(_dist("itl", itls_ms if hasattr(itls_ms, "percentile") else np.asarray(itls_ms, dtype=float)))
+    if itls_ms is not None:
+        out.update(_dist("itl", itls_ms if hasattr(itls_ms, "percentile") else np.asarray(itls_ms, dtype=float)))
     out.update(_dist("e2el", e2e, sglang="e2e_latency"))
     return out

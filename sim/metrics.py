@@ -286,7 +286,8 @@ def summarize(result) -> dict:
     extras = getattr(result, "extras", {}) or {}
     out["num_kv_exhausted"] = int(extras.get("num_kv_exhausted", 0))
     out["stage_layers"] = list(extras.get("stage_layers", []))
-    itls = result.requests.itls.pooled_ms(np.flatnonzero(fin))
+    # a run that kept no inter-token gaps (`run(itls=False)`) has no ITL statistics
+    itls = result.requests.itls.pooled_ms(np.flatnonzero(fin)) if getattr(result.requests, "keep_itls", True) else None
     finished = {k: req[k][fin] for k in ("generated_tokens", "prompt_tokens", "ttft_ms", "tpot_ms", "e2e_ms")}
     out.update(bench_metrics_of(finished, itls, duration, slo.ttft_ms, slo.tpot_ms))
     from sim.latency.provenance import profile_source

@@ -65,12 +65,13 @@ def point_id(table: dict) -> str:
 
 
 def evaluate(table: dict) -> dict:
-    """Run one point; return its summary (only plain numbers and strings)."""
+    """Run one point; return its summary (only plain numbers and strings: `SUMMARY_FIELDS` and
+    the latency percentiles, so the run keeps no inter-token gaps, which it would not return)."""
     from sim.config import config_from_table
     from sim.engine.run import run
     from sim.metrics import summarize
 
-    return _plain(summarize(run(config_from_table(table))))
+    return _plain(summarize(run(config_from_table(table), itls=False)))
 
 
 def evaluate_siblings(tables: list[dict]) -> list[dict | None]:
@@ -88,7 +89,7 @@ def evaluate_siblings(tables: list[dict]) -> list[dict | None]:
     cfgs = [config_from_table(t) for t in tables]
     chunk = cfgs[0].scheduler.chunk_size_tokens
     by_slo = [i for i in range(1, len(cfgs)) if cfgs[i].scheduler.chunk_size_tokens == chunk]
-    res = run(cfgs[0], alt_slos=tuple(cfgs[i].slo for i in by_slo))
+    res = run(cfgs[0], alt_slos=tuple(cfgs[i].slo for i in by_slo), itls=False)
     same = dict(zip(by_slo, res.extras["alternates"]))
     ex = res.extras
     out = [_plain(summarize(res))]

@@ -163,6 +163,27 @@ def test_stop_when_violated_ends_overloaded_runs_early_without_changing_the_verd
     assert run(config_from_table(ok)).status == "ok"
 
 
+def test_a_sweep_run_keeps_no_gaps_and_returns_the_same_summary():
+    """Sweeps run without inter-token gaps (`run(itls=False)`): what a sweep keeps (`_plain`)
+    is the same, value for value; only the `*_itl_ms` names and max_itl_ms are left out."""
+    from sim.config import config_from_table
+    from sim.engine.run import run
+    from sim.metrics import requests_frame, summarize
+    from sim.sweep import _plain
+
+    t = small_table(4.0)
+    t["slo"] = {"ttft_ms": 2000.0, "tpot_ms": 200.0, "ttft_percentile": 95.0}
+    with_gaps, without = run(config_from_table(t)), run(config_from_table(t), itls=False)
+    full, lean = summarize(with_gaps), summarize(without)
+    assert {k for k in full if k not in lean} == {k for k in full if "_itl_" in k} != set()
+    assert all(lean[k] == full[k] or (lean[k] != lean[k] and full[k] != full[k]) for k in lean)
+    assert json.dumps(_plain(lean), sort_keys=True) == json.dumps(_plain(full), sort_keys=True)
+    assert "p95_ttft_ms" in _plain(lean) and evaluate(t) == _plain(full)
+    assert requests_frame(with_gaps)["max_itl_ms"].notna().any()
+    assert requests_frame(without)["max_itl_ms"].isna().all()
+    assert len(without.requests.itls.values) == 0
+
+
 def test_goodput_is_the_same_with_early_stopping():
     tables = []
     for stop in (False, True):

@@ -201,8 +201,12 @@ class RequestTable:
     or still in the inbox) keep their initial values: waiting, no token.
     """
 
-    def __init__(self, requests: RequestArrays, max_req_input_len: int, max_req_len: int) -> None:
+    def __init__(self, requests: RequestArrays, max_req_input_len: int, max_req_len: int,
+                 itls: bool = True) -> None:
         self.inputs = requests
+        # False: the requests keep no inter-token gaps (no ITL statistics, no max_itl_s), for
+        # runs whose every reader needs none (sweeps): a gap per token is the costliest record
+        self.keep_itls = itls
         self.max_req_input_len = max_req_input_len
         self.max_req_len = max_req_len
         n = len(requests)
@@ -238,6 +242,7 @@ class RequestTable:
         req = Req(int(inp.req_id[row]), float(inp.arrival_s[row]), int(inp.prompt_tokens[row]),
                   int(inp.output_tokens[row]), self.max_req_input_len, self.max_req_len)
         req.row = row
+        req.keep_itls = self.keep_itls
         self.live[row] = req
         self.next_row = row + 1
         return req
@@ -255,13 +260,14 @@ class RequestTable:
         c["replica"][i] = req.replica
         c["kv_held"][i] = req.kv_held
         c["prefix_len"][i] = req.prefix_len
-        if req.itls:
+        if req.itls and self.keep_itls:
             c["max_itl_s"][i] = max(req.itls)
 
     def finish(self, req: Req) -> None:
         """The hand-off of a finished request: its outcome to the columns, its gaps to the pool."""
         self._record(req)
-        self.itls.add(req.row, req.itls)
+        if self.keep_itls:
+            self.itls.add(req.row, req.itls)
         req.itls = array("d")  # the pool has them; the scheduler may still hold the Req a while
         del self.live[req.row]
 

@@ -101,11 +101,14 @@ def pool_sizes(cfg: RunConfig, latency) -> tuple[int, int, int, int]:
 
 
 def run(cfg: RunConfig, requests: list[RequestSpec] | RequestArrays | None = None,
-        keep_iterations: bool = True, alt_slos: tuple = ()) -> RunResult:
+        keep_iterations: bool = True, alt_slos: tuple = (), itls: bool = True) -> RunResult:
     """Simulate one run. `requests` overrides the config's workload (used by sweeps).
 
     `keep_iterations=False` keeps only the per-iteration columns the summary reads, in
     temporary files (`ppsim run --no-iterations`): `iterations_frame` is then unavailable.
+
+    `itls=False` keeps no inter-token gaps: the summary then has no `*_itl_ms` statistics and
+    requests.csv no `max_itl_ms` (NaN), for callers that read neither (sweeps).
 
     `alt_slos`: other SLOs this run is also simulated for, in lock step (sim/engine/lockstep.py;
     one replica only). `extras["alternates"][i]` tells whether this run is exactly the run of
@@ -145,7 +148,7 @@ def run(cfg: RunConfig, requests: list[RequestSpec] | RequestArrays | None = Non
 
     # requests become Req objects when they arrive and leave for the table's columns when
     # they finish (sim/engine/requests.py)
-    table = RequestTable(arrays, max_input, max_req_len)
+    table = RequestTable(arrays, max_input, max_req_len, itls=itls)
     env = simpy.Environment()
     n = cfg.parallel.replicas
     requested = len(alt_slos)  # each gets its verdict, False where none can be given

@@ -49,6 +49,7 @@ class Req:
         "out_len", "fill_len", "prefix_len", "slot", "state", "admit_s",
         "first_token_s", "finish_s", "num_chunks", "num_retractions", "truncated_prompt",
         "clipped_output", "finished", "replica", "last_token_s", "itls", "row", "kv_base", "seg_times", "seg_idx",
+        "keep_itls",
     )
 
     def __init__(self, rid: int, arrival_s: float, prompt_len: int, output_len: int,
@@ -82,6 +83,7 @@ class Req:
         # gaps between consecutive sampled tokens, one float64 per token after the first.
         self.last_token_s = 0.0
         self.itls = array("d")
+        self.keep_itls = True  # False: a run that keeps no gaps (`run(itls=False)`): `settle` writes none
         self.row = -1  # its row in the run's RequestTable (sim/engine/requests.py); -1: none
 
     @property
@@ -103,10 +105,11 @@ class Req:
         start = self.seg_idx
         if last > start:
             self.kv_base += last - start
-            # the same float subtractions as one gap per token (numpy's diff is elementwise)
-            view = np.frombuffer(times, dtype=np.float64, count=last - start + 1, offset=8 * start)
-            self.itls.frombytes(np.diff(view).tobytes())
-            del view  # (the view pins the array's buffer: it must not outlive this call)
+            if self.keep_itls:
+                # the same float subtractions as one gap per token (numpy's diff is elementwise)
+                view = np.frombuffer(times, dtype=np.float64, count=last - start + 1, offset=8 * start)
+                self.itls.frombytes(np.diff(view).tobytes())
+                del view  # (the view pins the array's buffer: it must not outlive this call)
             self.last_token_s = times[last]
         self.seg_times = None
 
