@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from sim.policies.rls import RLS, ALPPredictor, candidate_chunks
+from sim.policies.rls import RLS, RLS4, ALPPredictor, candidate_chunks
 from test_policies_fakes import batch
 
 TABLE = {c: 0.015 + 1.5e-5 * c for c in candidate_chunks()}
@@ -31,6 +31,30 @@ def test_error_is_clipped_to_40_percent():
     rls = RLS(1, forget=1.0, p0=1.0, clip=0.0)  # clipping off
     rls.update(y=10.0, base=1.0, x=[1.0])
     assert rls.theta == pytest.approx([4.5])
+
+
+@pytest.mark.parametrize("clip", [0.4, 0.0])
+def test_the_written_out_four_feature_rls_is_the_generic_one_bit_for_bit(clip):
+    """ALP's RLS4 against RLS(4): identical floats after every update (==, not approx), through
+    clipped and unclipped errors, predictions near zero, zero features and a NaN sample."""
+    def bits(v) -> bytes:  # NaN payloads and the sign of zero included
+        return np.asarray(v, dtype=float).tobytes()
+
+    rng = np.random.default_rng(7)
+    ref, fast = RLS(4, clip=clip), RLS4(clip=clip)
+    for i in range(2000):
+        x = tuple(float(v) for v in rng.uniform(0, 3, 4) * (rng.random(4) < 0.8))
+        base = float(rng.choice([0.0, 1e-12, rng.uniform(0.01, 0.2)]))
+        y = float(rng.uniform(0, 0.5)) if i != 1500 else float("nan")
+        if i == 1600:
+            ref.reset(), fast.reset()
+        assert bits(fast.residual(x)) == bits(ref.residual(x)), i
+        ref.update(y, base, x)
+        fast.update(y, base, x)
+        assert bits(fast.theta) == bits(ref.theta) and bits(fast.P) == bits(ref.P), i
+        assert fast.updates == ref.updates
+    fast.theta = [1.0, 2.0, 3.0, 4.0]
+    assert fast.theta == [1.0, 2.0, 3.0, 4.0] and fast.residual((1.0, 1.0, 1.0, 1.0)) == 10.0
 
 
 def test_missing_table_means_no_prediction():

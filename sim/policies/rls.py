@@ -87,6 +87,89 @@ class RLS:
         self.updates += 1
 
 
+class RLS4:
+    """`RLS` with four features, written out: the same floats from the same operations in the
+    same order (sums from 0.0, left to right; `max`/`min` keep the first of equals), held as
+    plain attributes so that the compiled module (sim/native.py) updates them without a list
+    or a boxed float. ALP updates once per iteration; `tests/test_policies_rls.py` checks it
+    against `RLS(4)` bit for bit."""
+
+    def __init__(self, forget: float = FORGET, p0: float = P0, clip: float = CLIP) -> None:
+        self.dim = 4
+        self.forget, self.p0, self.clip = float(forget), float(p0), float(clip)
+        self.reset()
+
+    def reset(self) -> None:
+        self.t0 = self.t1 = self.t2 = self.t3 = 0.0
+        p0 = self.p0
+        self.p00, self.p01, self.p02, self.p03 = p0, 0.0, 0.0, 0.0
+        self.p10, self.p11, self.p12, self.p13 = 0.0, p0, 0.0, 0.0
+        self.p20, self.p21, self.p22, self.p23 = 0.0, 0.0, p0, 0.0
+        self.p30, self.p31, self.p32, self.p33 = 0.0, 0.0, 0.0, p0
+        self.updates = 0
+
+    @property
+    def theta(self) -> list[float]:
+        return [self.t0, self.t1, self.t2, self.t3]
+
+    @theta.setter
+    def theta(self, values: Sequence[float]) -> None:
+        self.t0, self.t1, self.t2, self.t3 = (float(v) for v in values)
+
+    @property
+    def P(self) -> list[list[float]]:
+        return [[self.p00, self.p01, self.p02, self.p03], [self.p10, self.p11, self.p12, self.p13],
+                [self.p20, self.p21, self.p22, self.p23], [self.p30, self.p31, self.p32, self.p33]]
+
+    def residual(self, x: Sequence[float]) -> float:
+        x0, x1, x2, x3 = x
+        return 0.0 + self.t0 * x0 + self.t1 * x1 + self.t2 * x2 + self.t3 * x3
+
+    def update(self, y: float, base: float, x: Sequence[float]) -> None:
+        x0, x1, x2, x3 = x
+        pred = base + (0.0 + self.t0 * x0 + self.t1 * x1 + self.t2 * x2 + self.t3 * x3)
+        err = y - pred
+        clip = self.clip
+        if clip > 0:
+            denom = abs(pred)
+            if 1e-9 > denom:
+                denom = 1e-9
+            if abs(err) / denom > clip:
+                lim = clip * denom
+                m = err if err < lim else lim  # min(lim, err)
+                err = m if m > -lim else -lim  # max(-lim, m)
+        p00, p01, p02, p03 = self.p00, self.p01, self.p02, self.p03
+        p10, p11, p12, p13 = self.p10, self.p11, self.p12, self.p13
+        p20, p21, p22, p23 = self.p20, self.p21, self.p22, self.p23
+        p30, p31, p32, p33 = self.p30, self.p31, self.p32, self.p33
+        px0 = 0.0 + p00 * x0 + p01 * x1 + p02 * x2 + p03 * x3  # P x
+        px1 = 0.0 + p10 * x0 + p11 * x1 + p12 * x2 + p13 * x3
+        px2 = 0.0 + p20 * x0 + p21 * x1 + p22 * x2 + p23 * x3
+        px3 = 0.0 + p30 * x0 + p31 * x1 + p32 * x2 + p33 * x3
+        xp0 = 0.0 + x0 * p00 + x1 * p10 + x2 * p20 + x3 * p30  # x'P
+        xp1 = 0.0 + x0 * p01 + x1 * p11 + x2 * p21 + x3 * p31
+        xp2 = 0.0 + x0 * p02 + x1 * p12 + x2 * p22 + x3 * p32
+        xp3 = 0.0 + x0 * p03 + x1 * p13 + x2 * p23 + x3 * p33
+        den = self.forget + (0.0 + x0 * px0 + x1 * px1 + x2 * px2 + x3 * px3)
+        if 1e-12 > den:
+            den = 1e-12
+        g0, g1, g2, g3 = px0 / den, px1 / den, px2 / den, px3 / den
+        self.t0 += g0 * err
+        self.t1 += g1 * err
+        self.t2 += g2 * err
+        self.t3 += g3 * err
+        lam = self.forget
+        self.p00, self.p01 = (p00 - g0 * xp0) / lam, (p01 - g0 * xp1) / lam
+        self.p02, self.p03 = (p02 - g0 * xp2) / lam, (p03 - g0 * xp3) / lam
+        self.p10, self.p11 = (p10 - g1 * xp0) / lam, (p11 - g1 * xp1) / lam
+        self.p12, self.p13 = (p12 - g1 * xp2) / lam, (p13 - g1 * xp3) / lam
+        self.p20, self.p21 = (p20 - g2 * xp0) / lam, (p21 - g2 * xp1) / lam
+        self.p22, self.p23 = (p22 - g2 * xp2) / lam, (p23 - g2 * xp3) / lam
+        self.p30, self.p31 = (p30 - g3 * xp0) / lam, (p31 - g3 * xp1) / lam
+        self.p32, self.p33 = (p32 - g3 * xp2) / lam, (p33 - g3 * xp3) / lam
+        self.updates += 1
+
+
 class ALPPredictor:
     """T0 table + 4-feature RLS residual, with the artifact's sample selection."""
 
@@ -100,7 +183,7 @@ class ALPPredictor:
         self.bias = bias
         self.warmup_updates = warmup_updates
         self.bucket = bucket
-        self.rls = RLS(4, forget, p0, clip)
+        self.rls = RLS4(forget, p0, clip)
 
     @classmethod
     def from_profile(cls, profile: Callable[[int], float] | None, candidates: Sequence[int] | None = None,
