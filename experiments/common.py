@@ -90,9 +90,10 @@ def goodput_study(ctx: Context, models, workloads, schemes, slo_scales=(1.0,), d
     not read the SLO, so its runs at every SLO scale are those at scale 1.0, and a run at scale
     1.0 without `extra` is the goodput figures' (fig9/fig10) run; the pass/fail verdict applies
     each search's own SLO to the shared summary. Runs off the sweep's rates (extension and
-    bisection points, a hinted climb's rates) stop as soon as their P90 is certain to miss the
-    search's SLO (status "stopped"), unless the full run is cached: a stopped run knows only that
-    it failed its own table's SLO, and only the verdict is needed there. `stop_early` makes every
+    bisection points, a hinted climb's rates) stop as soon as their verdict is certain: their P90
+    is certain to miss the search's SLO (status "stopped"), or the run is certain to meet it
+    (status "met", `[slo] stop_when_met`), unless the full run is cached: a stopped run knows
+    only its verdict on its own table's SLO, and only the verdict is needed there. `stop_early` makes every
     run stop so, at the sweep's rates too, for the searches no other study shares (dynamic
     schemes at a tighter SLO scale, or with `extra`).
 
@@ -111,11 +112,11 @@ def goodput_study(ctx: Context, models, workloads, schemes, slo_scales=(1.0,), d
                             table = scheme_table(sch, model, wtable, seed=seed, slo_scale=1.0 if static else scale,
                                                  extra=extra)
                             # Off the sweep's rates (extension, bisection, a hinted climb) a run
-                            # stops as soon as its P90 is certain to miss the SLO, unless the full
-                            # run is cached: the verdict is all a search needs there.
+                            # stops as soon as its verdict is certain (a miss, or a pass), unless
+                            # the full run is cached: the verdict is all a search needs there.
                             stopping = copy.deepcopy(table)
                             stopping["slo"].update(ttft_ms=2000.0 * scale, tpot_ms=200.0 * scale,
-                                                   stop_when_violated=True)
+                                                   stop_when_violated=True, stop_when_met=True)
                             probe = stopping
                             if stop_early and not (extra is None and (static or scale == 1.0)):
                                 table, probe = stopping, None  # nobody shares it: it stops at every rate

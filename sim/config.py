@@ -12,7 +12,7 @@ allowed). `--set a.b=value` overrides parse `value` as a TOML value.
     [latency]   kind = "profile" | "constant", profile = "<dir>", variance, noise_cv, stage_ms, overhead_ms,
                 overrides = {param = value}
     [slo]       ttft_ms, ttft_percentile, tpot_ms, tpot_percentile, e2e_ms, e2e_percentile,
-                stop_when_violated, stop_factor (sim.slo)
+                stop_when_violated, stop_factor, stop_when_met (sim.slo)
     [server]    on_kv_exhausted = "exit" | "retract"
     [workload]  name = "<file in workloads/>" and overrides, or an inline kind (sim.workloads)
     [plugins]   modules = ["my_policy.py", "my_pkg.policies"]   (user plug-ins, sim.plugins)

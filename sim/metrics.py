@@ -121,7 +121,7 @@ def _missing(v) -> bool:
     return v is None or (isinstance(v, float) and math.isnan(v))
 
 
-LATE_FRACTION = 0.25  # the late arrivals: the last quarter of the arrival window
+from sim.slo import LATE_FRACTION  # noqa: E402  (the late arrivals: the last quarter of the arrival window)
 
 
 def late_arrivals(arrived: pd.DataFrame, fraction: float = LATE_FRACTION) -> pd.DataFrame:

@@ -17,11 +17,24 @@ from dataclasses import dataclass, replace
 from sim.errors import ConfigError
 
 METRICS = ("ttft", "tpot", "e2e")
+LATE_FRACTION = 0.25  # the late arrivals: the last quarter of the arrival window (`SLO.meets`)
 
 
 def pkey(q: float, metric: str) -> str:
     """The summary key of a percentile: pkey(95, "ttft") -> "p95_ttft_ms"."""
     return f"p{q:g}_{metric}_ms"
+
+
+def need_under(n: int, q: float) -> int:
+    """How many of n values must be at most x for numpy's q-th percentile (linear interpolation)
+    to be at most x whatever the others are: both order statistics it interpolates, at floor(h)
+    and (when h is not whole) floor(h) + 1, h = (n - 1) q / 100, must be among them. 0 for no
+    values (no percentile: `SLO.meets` lets a missing TPOT pass)."""
+    if n <= 0:
+        return 0
+    h = (n - 1) * (q / 100.0)
+    lo = math.floor(h)
+    return lo + 1 + (1 if h > lo else 0)
 
 
 def need_over(n: int, q: float) -> int:
@@ -38,7 +51,11 @@ class SLO:
     """The SLOs. `e2e_ms = None`: no E2E objective. `stop_when_violated`: end the run (status
     "stopped") as soon as a percentile is certain to exceed `stop_factor` x its threshold, for
     searches that only need pass or fail (factor 1) or only need numbers for runs that do not
-    miss badly (`ppsim plan --rate`, factor 2)."""
+    miss badly (`ppsim plan --rate`, factor 2). `stop_when_met` (with `stop_when_violated`,
+    factor 1): also end it (status "met") as soon as the run is certain to meet the SLO, i.e.
+    every percentile, over all requests and over the late arrivals (`meets`), is certain to be
+    within its threshold whatever the unfinished requests do; the summary's statistics are then
+    those of the requests finished so far, and only its verdict is the full run's."""
 
     ttft_ms: float = 2000.0
     ttft_percentile: float = 90.0
@@ -48,10 +65,14 @@ class SLO:
     e2e_percentile: float = 90.0
     stop_when_violated: bool = False
     stop_factor: float = 1.0
+    stop_when_met: bool = False
 
     def validate(self, where: str) -> None:
         if not self.stop_factor >= 1:
             raise ConfigError(f"{where}: [slo] stop_factor must be >= 1, got {self.stop_factor}")
+        if self.stop_when_met and not (self.stop_when_violated and self.stop_factor == 1):
+            raise ConfigError(f"{where}: [slo] stop_when_met needs stop_when_violated = true and stop_factor = 1 "
+                              f"(a run that stops once its verdict is certain, either way)")
         if self.ttft_ms <= 0 or self.tpot_ms <= 0 or (self.e2e_ms is not None and self.e2e_ms <= 0):
             raise ConfigError(f"{where}: [slo] ttft_ms and tpot_ms must be > 0 (and e2e_ms when set)")
         for m in METRICS:
@@ -80,6 +101,11 @@ class SLO:
         quarter of the arrival window, `late_p<q>_<metric>_ms`, when the summary has it). The
         late check makes the rate sustainable: a server that only absorbs a finite burst serves
         its early arrivals well while its queue keeps growing, and its late arrivals show it."""
+        if summary.get("status") == "met":  # stopped once certain to meet its own SLO (`stop_when_met`)
+            if summary.get("slo") != self.describe():
+                raise ConfigError(f"a run stopped once certain to meet {summary.get('slo')!r} has no verdict "
+                                  f"for {self.describe()!r}")
+            return True
         if summary.get("status") != "ok" or summary.get("num_finished") != summary.get("num_requests"):
             return False
         for m, q, ms in self.objectives():

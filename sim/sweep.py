@@ -5,8 +5,9 @@ search the goodput (the highest rate at which P90 TTFT and P90 TPOT meet the SLO
   interrupted half-way resumes where it stopped: finished points are read back from the
   cache file (JSON lines, appended and flushed as each point completes).
 - Siblings: points that differ only in their [slo] table are simulated as one lock-step run
-  (`evaluate_siblings`, sim/engine/lockstep.py), and static-chunk points that differ only in
-  their chunk as one run at the largest chunk; the run stands for a sibling only where it is
+  (`evaluate_siblings`, sim/engine/lockstep.py; not those that stop once certain to meet the
+  SLO, `[slo] stop_when_met`), and static-chunk points that differ only in their chunk as one
+  run at the largest chunk; the run stands for a sibling only where it is
   exactly that sibling's own run, and the others are simulated afterwards, so every cached
   summary is the one its own simulation gives.
 - Executors: in-process (jobs = 1), local processes (`jobs` > 1, the default; one pool kept
@@ -100,7 +101,9 @@ def evaluate_siblings(tables: list[dict]) -> list[dict | None]:
 
 
 def _without(table: dict, static_chunk: bool) -> dict:
-    t = {k: v for k, v in table.items() if k != "slo"}
+    # a run that stops once certain to meet its SLO stands for no other SLO (sim/engine/run.py)
+    met = isinstance(table.get("slo"), dict) and table["slo"].get("stop_when_met", False)
+    t = {k: v for k, v in table.items() if k != "slo" or met}
     if static_chunk:
         t["scheduler"] = {k: v for k, v in t["scheduler"].items() if k != "chunk_size_tokens"}
     return t

@@ -11,7 +11,7 @@ from sim.engine.pipeline import SLOGuard
 from sim.engine.state import Req
 from sim.errors import ConfigError
 from sim.metrics import _stats, meets_slo
-from sim.slo import SLO, need_over, parse_slo_spec, pkey, slo_from_specs, slo_overrides
+from sim.slo import SLO, need_over, need_under, parse_slo_spec, pkey, slo_from_specs, slo_overrides
 from sim.sweep import Runner, Search, goodput_searches, parse_rates
 
 from conftest import REPO
@@ -59,6 +59,86 @@ def test_need_over_is_exact_for_numpys_percentile(n, q):
     for b in range(n + 1):
         v = np.array([0.0] * (n - b) + [x + 1e-9] * b)
         assert (np.percentile(v, q) > x) == (b >= need_over(n, q)), (n, q, b)
+
+
+@pytest.mark.parametrize("n", [1, 2, 7, 10, 11, 20, 33, 400])
+@pytest.mark.parametrize("q", [50.0, 90.0, 95.0, 99.0, 99.9, 100.0])
+def test_need_under_is_exact_for_numpys_percentile(n, q):
+    """In the worst case for the pass rule (g values at x, the rest far over it), numpy's
+    percentile stays within x exactly when g >= need_under(n, q)."""
+    x = 1.0
+    for g in range(n + 1):
+        v = np.array([x] * g + [1e6] * (n - g))
+        assert (np.percentile(v, q) <= x) == (g >= need_under(n, q)), (n, q, g)
+
+
+def test_need_under_by_hand():
+    # n = 10, P90: h = 8.1 interpolates order statistics 8 and 9 (0-based): both, so 10 values;
+    # n = 11: h = 9 exactly, order statistic 9 only: 10 values; n = 0: no percentile, nothing
+    assert need_under(10, 90.0) == 10 and need_under(11, 90.0) == 10 and need_under(21, 90.0) == 19
+    assert need_under(0, 90.0) == 0 and need_under(1, 90.0) == 1 and need_under(4, 50.0) == 3
+
+
+def test_a_met_summary_passes_its_own_slo_only():
+    met = {"status": "met", "slo": SLO(ttft_ms=1600, tpot_ms=160).describe(), "num_finished": 80,
+           "num_requests": 100, "p90_ttft_ms": 5000.0}
+    assert SLO(ttft_ms=1600, tpot_ms=160).meets(met)
+    with pytest.raises(ConfigError, match="certain to meet"):
+        SLO().meets(met)
+    with pytest.raises(ConfigError, match="stop_when_met needs"):
+        SLO(stop_when_met=True).validate("x.toml")
+    SLO(stop_when_met=True, stop_when_violated=True).validate("x.toml")
+
+
+@pytest.mark.parametrize("bad_rows, met", [((0, 1, 2), True), ((37, 38, 39), False)])
+def test_certain_to_meet_counts_the_late_arrivals_too(bad_rows, met):
+    """40 requests arriving at t = 0..39 s, all finished, 3 over the TTFT SLO: the overall P90
+    (37 of 40 within, need_under = 37) is certain either way, the late quarter's (arrivals from
+    39 - 0.25 x 39 = 29.25 s: rows 30-39, need 10 of 10) only when the 3 are early ones."""
+    from sim.engine.requests import RequestArrays, RequestTable
+    from sim.workloads import RequestSpec
+
+    specs = [RequestSpec(i, float(i), 100, 10) for i in range(40)]
+    table = RequestTable(RequestArrays.of(specs), 10_000, 10_000)
+    guard = SLOGuard(table, 2.0, 0.2, kv_tokens=100_000)
+    for i, spec in enumerate(specs):
+        r = table.make(i)
+        r.first_token_s = spec.arrival_s + (3.0 if i in bad_rows else 0.5)
+        r.finish_s = r.first_token_s + 9 * 0.05
+        guard.finished(r)
+        del table.live[i]
+    assert guard.check(45.0) == met
+    assert guard.outcome == ("met" if met else "stopped") and ("certain to meet" in guard.reason) == met
+
+
+def test_certain_to_meet_waits_for_every_arrival_and_room_in_the_pool():
+    """P50 SLOs over 40 requests arriving at t = 0..39 s (need 21 overall, 6 of the 10 late):
+    the counts are there after 39 good finishes, but the run is certain only once the last
+    request has arrived and the pool holds every live request at its full length."""
+    from sim.engine.requests import RequestArrays, RequestTable
+    from sim.workloads import RequestSpec
+
+    specs = [RequestSpec(i, float(i), 100, 10) for i in range(40)]
+    table = RequestTable(RequestArrays.of(specs), 10_000, 10_000)
+    guard = SLOGuard(table, 2.0, 0.2, ttft_percentile=50.0, tpot_percentile=50.0, kv_tokens=110)
+
+    def finish(i):
+        r = table.live[i]
+        r.first_token_s, r.finish_s = specs[i].arrival_s + 0.5, specs[i].arrival_s + 0.95
+        guard.finished(r)
+        del table.live[i]
+
+    for i in range(39):
+        table.make(i)
+        if i != 5:
+            finish(i)
+    assert not guard.check(39.0)  # request 39 has not arrived
+    table.make(39)
+    finish(39)
+    guard.kv_tokens = 109
+    assert not guard.check(40.0)  # request 5 (100 + 10 tokens) does not fit in 109
+    guard.kv_tokens = 110
+    assert guard.check(40.0) and guard.outcome == "met"
 
 
 def _req(rid, arrival, first=None):

@@ -186,14 +186,68 @@ def test_a_sweep_run_keeps_no_gaps_and_returns_the_same_summary():
 
 def test_goodput_is_the_same_with_early_stopping():
     tables = []
-    for stop in (False, True):
+    for stop, met in ((False, False), (True, False), (True, True)):
         t = small_table(1.0)
         t["workload"]["num_requests"] = 60
-        t["slo"] = {"ttft_ms": 300.0, "tpot_ms": 40.0, "stop_when_violated": stop}
+        t["slo"] = {"ttft_ms": 300.0, "tpot_ms": 40.0, "stop_when_violated": stop, "stop_when_met": met}
         tables.append(t)
-    results = [goodput_searches(Runner(None, progress=False), [Search({}, t, list(range(1, 9)), 300.0, 40.0)],
-                                tol=0.1)[0]["goodput_rps"] for t in tables]
-    assert results[0] == results[1]
+    runners = [Runner(None, progress=False) for _ in tables]
+    results = [goodput_searches(r, [Search({}, t, list(range(1, 9)), 300.0, 40.0)], tol=0.1)[0]["goodput_rps"]
+               for r, t in zip(runners, tables)]
+    assert results[0] == results[1] == results[2]
+    assert "met" in {s["status"] for s in runners[2].cache.values()}
+
+
+@pytest.mark.parametrize("rate", [1.0, 3.0, 5.0, 7.0, 9.0, 12.0])
+@pytest.mark.parametrize("slo", [(2000.0, 200.0), (400.0, 40.0), (250.0, 25.0)])
+def test_stopping_once_the_verdict_is_certain_never_changes_it(rate, slo):
+    """Across loads from idle to overload (where early arrivals are served well and late ones
+    are not, the late-arrival check's case), a run with both early stops gives the full run's
+    verdict, and stops "met" only where the full run passes."""
+    from sim.config import config_from_table
+    from sim.engine.run import run
+    from sim.metrics import summarize
+
+    t = small_table(rate)
+    t["workload"].update(num_requests=150, output_range=[2, 120])
+    t["slo"] = {"ttft_ms": slo[0], "tpot_ms": slo[1]}
+    full = summarize(run(config_from_table(t)))
+    t["slo"].update(stop_when_violated=True, stop_when_met=True)
+    early = summarize(run(config_from_table(t)))
+    assert early["meets_slo"] == full["meets_slo"], (early["status"], early["reason"])
+    assert early["status"] != "met" or full["meets_slo"]
+
+
+def test_a_run_certain_to_meet_its_slo_stops_with_the_full_runs_verdict():
+    """`stop_when_met`: a passing run ends (status "met") once the SLO's every percentile, over
+    all requests and over the late arrivals, is certain, after the last arrival; its verdict is
+    the full run's. A failing run is unchanged, and it never stands for a sibling at another SLO
+    (tests/test_slo.py: the arrival and KV pool conditions)."""
+    from sim.config import config_from_table
+    from sim.engine.run import run
+    from sim.metrics import summarize
+    from sim.slo import SLO
+    from sim.sweep import _sibling_groups
+
+    t = small_table(2.0)
+    t["workload"].update(num_requests=300, output_range=[2, 200])
+    t["slo"] = {"ttft_ms": 2000.0, "tpot_ms": 200.0}
+    full = summarize(run(config_from_table(t)))
+    assert full["meets_slo"]
+    t["slo"].update(stop_when_violated=True, stop_when_met=True)
+    res = run(config_from_table(t))
+    met = summarize(res)
+    assert res.status == "met" and "certain to meet" in res.reason and met["meets_slo"]
+    assert SLO().meets(met) and met["num_finished"] < met["num_requests"] == 300
+    assert met["num_iterations"] < full["num_iterations"]
+    assert res.end_s >= float(res.requests.arrival_s.max())  # never before the last arrival
+    t["slo"].update(ttft_ms=20.0, tpot_ms=2.0)  # a miss: stopped as before
+    assert run(config_from_table(t)).status == "stopped"
+    a, b = copy.deepcopy(t), copy.deepcopy(t)
+    b["slo"]["ttft_ms"] = 1000.0
+    assert sorted(map(len, _sibling_groups({"a": a, "b": b}))) == [1, 1]
+    with pytest.raises(Exception, match="lock step"):
+        run(config_from_table(a), alt_slos=(config_from_table(b).slo,))
 
 
 def test_grid_only_search_is_the_highest_rate_below_the_first_failure():

@@ -122,6 +122,10 @@ class LockstepGuard:
     def reason(self) -> str:
         return self.primary.reason if self.primary is not None else ""
 
+    @property
+    def outcome(self) -> str:
+        return self.primary.outcome if self.primary is not None else "stopped"
+
     def finished(self, req) -> None:
         if self.primary is not None:
             self.primary.finished(req)

@@ -25,7 +25,7 @@ from sim.engine.requests import RequestTable
 from sim.engine.state import Req
 from sim.engine.view import SchedulerView, batch_info
 from sim.lazy import lazy
-from sim.slo import need_over
+from sim.slo import LATE_FRACTION, need_over, need_under
 
 np = lazy("numpy")  # imported on first use (sim/lazy.py)
 
@@ -86,13 +86,21 @@ class SLOGuard:
     token, its TPOT once (now - first token) / (output - 1) exceeds the SLO (TPOT only grows
     while it decodes), and its E2E once it has been in the system longer than the SLO.
     numpy's q-th percentile of n values exceeds x once n - floor((n - 1) q / 100) of them do
-    (`sim.slo.need_over`)."""
+    (`sim.slo.need_over`).
+
+    With `kv_tokens` (`[slo] stop_when_met`, a RequestTable) it also trips, outcome "met", once
+    the run is certain to meet the SLO: every percentile, over all requests and over the late
+    arrivals (sim.slo.meets), has enough finished requests within its threshold
+    (`sim.slo.need_under`; counted with a relative margin of 1e-9, so that the interpolated
+    percentile cannot round above it), every request has arrived, and the KV pool can hold every
+    live request at its full length (so the rest of the run can neither exhaust it nor leave a
+    request stuck, the two ways a run fails)."""
 
     CHECK_EVERY: ClassVar[int] = 128
 
     def __init__(self, requests: list[Req] | RequestTable, ttft_s: float, tpot_s: float,
                  ttft_percentile: float = 90.0, tpot_percentile: float = 90.0, e2e_s: float | None = None,
-                 e2e_percentile: float = 90.0) -> None:
+                 e2e_percentile: float = 90.0, kv_tokens: int | None = None) -> None:
         self.requests = requests
         self.ttft_s = ttft_s
         self.tpot_s = tpot_s
@@ -110,6 +118,33 @@ class SLOGuard:
         # With a RequestTable, finished requests are gone from it: their (final) verdicts are
         # counted as they finish (`finished`), the live ones scanned, the rest read from arrays.
         self.bad_done = [0, 0, 0]  # finished requests over the TTFT, TPOT, E2E thresholds
+        self.outcome = "stopped"  # the run's status once `reason` is set ("met": certain to meet)
+        self.kv_tokens = kv_tokens
+        self.met_need: list[int] = []
+        if kv_tokens is not None and isinstance(requests, RequestTable):
+            self._init_met(requests, m)
+
+    def _init_met(self, table: RequestTable, m: int) -> None:
+        """What `meets` will count for the full run: all its requests arrive (no horizon), so
+        the late ones are known now (the summary's rule over the whole arrival window)."""
+        arrival = table.arrival_s
+        n = len(arrival)
+        self.late_from = INF
+        if n >= 2:
+            t0, t1 = float(arrival.min()), float(arrival.max())
+            self.late_from = t1 - LATE_FRACTION * (t1 - t0)
+        late = arrival >= self.late_from
+        n_late = int(late.sum())
+        m_late = int((late & (table.columns["max_new_tokens"] > 1)).sum())
+        q_ttft, q_tpot, q_e2e = self.percentiles
+        # (ttft, tpot, e2e) over all requests, then over the late ones
+        self.met_need = [need_under(n, q_ttft), need_under(m, q_tpot), need_under(n, q_e2e) if self.e2e_s else 0,
+                         need_under(n_late, q_ttft), need_under(m_late, q_tpot),
+                         need_under(n_late, q_e2e) if self.e2e_s else 0]
+        self.good_done = [0] * 6
+        margin = 1 - 1e-9
+        self.ok_ttft, self.ok_tpot = self.ttft_s * margin, self.tpot_s * margin
+        self.ok_e2e = self.e2e_s * margin if self.e2e_s is not None else INF
 
     def finished(self, r: Any) -> None:
         """Count a request that just finished (it leaves the RequestTable; its times are set)."""
@@ -120,6 +155,18 @@ class SLOGuard:
             bad[1] += 1
         if self.e2e_s is not None and r.finish_s - r.arrival_s > self.e2e_s:
             bad[2] += 1
+        if self.met_need:
+            good = self.good_done
+            late = r.arrival_s >= self.late_from
+            if r.first_token_s - r.arrival_s <= self.ok_ttft:
+                good[0] += 1
+                good[3] += late
+            if r.max_new > 1 and (r.finish_s - r.first_token_s) / (r.max_new - 1) <= self.ok_tpot:
+                good[1] += 1
+                good[4] += late
+            if r.finish_s - r.arrival_s <= self.ok_e2e:
+                good[2] += 1
+                good[5] += late
 
     def check(self, now: float) -> bool:
         if self.reason:
@@ -162,7 +209,17 @@ class SLOGuard:
         elif e2e_s is not None and bad_e2e >= self.need_e2e:
             self.reason = (f"stopped at t={now:.2f}s: P{q_e2e:g} E2E is certain to exceed the SLO "
                            f"({bad_e2e} requests over it)")
+        elif table is not None and self.met_need and self._certain_to_meet(table):
+            self.outcome = "met"
+            self.reason = (f"stopped at t={now:.2f}s: certain to meet the SLO ({self.good_done[0]} of "
+                           f"{len(table)} requests finished within it)")
         return bool(self.reason)
+
+    def _certain_to_meet(self, table: RequestTable) -> bool:
+        if table.next_row < len(table) or any(g < need for g, need in zip(self.good_done, self.met_need)):
+            return False
+        kv = self.kv_tokens if self.kv_tokens is not None else 0
+        return sum(r.prompt_len + r.max_new for r in table.live.values()) <= kv
 
 
 class Pipeline:
@@ -244,7 +301,7 @@ class Pipeline:
             if horizon and now >= horizon:
                 break
             if self.guard is not None and (self.guard.reason or (k % SLOGuard.CHECK_EVERY == 0 and self.guard.check(now))):
-                self.status, self.reason = "stopped", self.guard.reason
+                self.status, self.reason = self.guard.outcome, self.guard.reason
                 break
             if fixed:
                 while next_s <= now:

@@ -154,12 +154,19 @@ def run(cfg: RunConfig, requests: list[RequestSpec] | RequestArrays | None = Non
     requested = len(alt_slos)  # each gets its verdict, False where none can be given
     alt_slos = tuple(alt_slos) if n == 1 else ()
 
+    if cfg.slo.stop_when_met and alt_slos:
+        raise ConfigError("[slo] stop_when_met: a run that stops once certain to meet its SLO cannot stand for "
+                          "other SLOs in lock step (alt_slos)")
+
     def guard_of(slo):
         if not slo.stop_when_violated:
             return None
         f = slo.stop_factor / 1e3
+        # certain to meet: only where the full run's every request arrives and one pool holds them
+        met = slo.stop_when_met and n == 1 and not cfg.horizon_s
         return SLOGuard(table, slo.ttft_ms * f, slo.tpot_ms * f, slo.ttft_percentile, slo.tpot_percentile,
-                        None if slo.e2e_ms is None else slo.e2e_ms * f, slo.e2e_percentile)
+                        None if slo.e2e_ms is None else slo.e2e_ms * f, slo.e2e_percentile,
+                        kv_tokens=kv if met else None)
 
     guard = guard_of(cfg.slo)
     lockstep = None
@@ -200,14 +207,14 @@ def run(cfg: RunConfig, requests: list[RequestSpec] | RequestArrays | None = Non
         gc.unfreeze()
     table.close()
     failed = [p for p in pipes if p.status == "failed"]
-    stopped = [p for p in pipes if p.status == "stopped"]
+    stopped = [p for p in pipes if p.status in ("stopped", "met")]
     log = IterationLog.merge([p.log for p in pipes], cfg.parallel.pp)
     decisions, moves = [], []
     for p in pipes:
         decisions.extend(p.decisions)
         moves.extend(p.move_log)
     return RunResult(
-        config=cfg, status="failed" if failed else "stopped" if stopped else "ok",
+        config=cfg, status="failed" if failed else stopped[0].status if stopped else "ok",
         reason=(guard.reason if stopped and not failed else
                 "; ".join(f"replica {pipes.index(p)}: {p.reason}" if n > 1 else p.reason for p in failed)),
         requests=table, iterations=log.columns, stage_busy=log.stage_busy, decisions=decisions, moves=moves,
