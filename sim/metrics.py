@@ -42,7 +42,7 @@ pd = lazy("pandas")  # imported on first use (sim/lazy.py)
 from sim.bench_metrics import bench_metrics_of
 from sim.config import SLOConfig
 from sim.saturation import load_window, replica_window, saturation_of
-from sim.slo import pkey
+from sim.slo import LATE_FRACTION, late_from_s, pkey
 from sim.engine.records import ModeColumn, StageBusy
 
 
@@ -119,9 +119,6 @@ def iterations_frame(result) -> pd.DataFrame:
 
 def _missing(v) -> bool:
     return v is None or (isinstance(v, float) and math.isnan(v))
-
-
-from sim.slo import LATE_FRACTION  # noqa: E402  (the late arrivals: the last quarter of the arrival window)
 
 
 def late_arrivals(arrived: pd.DataFrame, fraction: float = LATE_FRACTION) -> pd.DataFrame:
@@ -248,7 +245,7 @@ def summarize(result) -> dict:
     late = np.zeros(len(arrival), dtype=bool)
     if num_arrived >= 2:
         t0, t1 = float(arrived_at.min()), float(arrived_at.max())
-        late = arrived & (arrival >= t1 - LATE_FRACTION * (t1 - t0))
+        late = arrived & (arrival >= late_from_s(t0, t1))
     late_fin = late & fin
     out["num_late_requests"] = int(late.sum())
     for name, q, _ in slo.objectives():

@@ -25,6 +25,11 @@ def pkey(q: float, metric: str) -> str:
     return f"p{q:g}_{metric}_ms"
 
 
+def late_from_s(first_s: float, last_s: float) -> float:
+    """Where the late arrivals start in an arrival window [first_s, last_s] (`SLO.meets`)."""
+    return last_s - LATE_FRACTION * (last_s - first_s)
+
+
 def need_under(n: int, q: float) -> int:
     """How many of n values must be at most x for numpy's q-th percentile (linear interpolation)
     to be at most x whatever the others are: both order statistics it interpolates, at floor(h)

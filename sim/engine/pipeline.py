@@ -25,7 +25,7 @@ from sim.engine.requests import RequestTable
 from sim.engine.state import Req
 from sim.engine.view import SchedulerView, batch_info
 from sim.lazy import lazy
-from sim.slo import LATE_FRACTION, need_over, need_under
+from sim.slo import late_from_s, need_over, need_under
 
 np = lazy("numpy")  # imported on first use (sim/lazy.py)
 
@@ -119,7 +119,7 @@ class SLOGuard:
         # counted as they finish (`finished`), the live ones scanned, the rest read from arrays.
         self.bad_done = [0, 0, 0]  # finished requests over the TTFT, TPOT, E2E thresholds
         self.outcome = "stopped"  # the run's status once `reason` is set ("met": certain to meet)
-        self.kv_tokens = kv_tokens
+        self.kv_tokens = kv_tokens if kv_tokens is not None else 0  # (read only by the met test)
         self.met_need: list[int] = []
         if kv_tokens is not None and isinstance(requests, RequestTable):
             self._init_met(requests, m)
@@ -132,7 +132,7 @@ class SLOGuard:
         self.late_from = INF
         if n >= 2:
             t0, t1 = float(arrival.min()), float(arrival.max())
-            self.late_from = t1 - LATE_FRACTION * (t1 - t0)
+            self.late_from = late_from_s(t0, t1)
         late = arrival >= self.late_from
         n_late = int(late.sum())
         m_late = int((late & (table.columns["max_new_tokens"] > 1)).sum())
@@ -149,22 +149,25 @@ class SLOGuard:
     def finished(self, r: Any) -> None:
         """Count a request that just finished (it leaves the RequestTable; its times are set)."""
         bad = self.bad_done
-        if r.first_token_s - r.arrival_s > self.ttft_s:
+        ttft = r.first_token_s - r.arrival_s
+        tpot = (r.finish_s - r.first_token_s) / (r.max_new - 1) if r.max_new > 1 else None
+        e2e = r.finish_s - r.arrival_s
+        if ttft > self.ttft_s:
             bad[0] += 1
-        if r.max_new > 1 and (r.finish_s - r.first_token_s) / (r.max_new - 1) > self.tpot_s:
+        if tpot is not None and tpot > self.tpot_s:
             bad[1] += 1
-        if self.e2e_s is not None and r.finish_s - r.arrival_s > self.e2e_s:
+        if self.e2e_s is not None and e2e > self.e2e_s:
             bad[2] += 1
         if self.met_need:
             good = self.good_done
             late = r.arrival_s >= self.late_from
-            if r.first_token_s - r.arrival_s <= self.ok_ttft:
+            if ttft <= self.ok_ttft:
                 good[0] += 1
                 good[3] += late
-            if r.max_new > 1 and (r.finish_s - r.first_token_s) / (r.max_new - 1) <= self.ok_tpot:
+            if tpot is not None and tpot <= self.ok_tpot:
                 good[1] += 1
                 good[4] += late
-            if r.finish_s - r.arrival_s <= self.ok_e2e:
+            if e2e <= self.ok_e2e:
                 good[2] += 1
                 good[5] += late
 
@@ -218,8 +221,7 @@ class SLOGuard:
     def _certain_to_meet(self, table: RequestTable) -> bool:
         if table.next_row < len(table) or any(g < need for g, need in zip(self.good_done, self.met_need)):
             return False
-        kv = self.kv_tokens if self.kv_tokens is not None else 0
-        return sum(r.prompt_len + r.max_new for r in table.live.values()) <= kv
+        return sum(r.prompt_len + r.max_new for r in table.live.values()) <= self.kv_tokens
 
 
 class Pipeline:

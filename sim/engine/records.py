@@ -159,6 +159,8 @@ class IterationLog:
         # converts a list several times faster than `array.extend`, which parses every item)
         blocks: dict = {}
         for (name, code), values in zip(COLUMNS.items(), self._buf):
+            if self.spill and name not in SUMMARY_COLUMNS:  # (files hold only what the summary reads)
+                continue
             if code == "b":
                 values = [_MODE_CODE[m] for m in values]
             blocks[name] = struct.pack(f"{n}{code}", *values)
