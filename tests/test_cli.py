@@ -67,6 +67,7 @@ BAD = [
     (["--set", "latency.profile=\"profiles/none\""], "meta.toml missing"),
     (["--set", "slo.ttft_ms=-100"], "ttft_ms and tpot_ms must be > 0"),
     (["--set", "slo.tpot_ms=0"], "ttft_ms and tpot_ms must be > 0"),
+    (["--set", "slo.stop_when_met=true"], "stop_when_met needs stop_when_violated = true"),
 ]
 
 
