@@ -39,7 +39,7 @@ sys.path.insert(0, str(REPO))
 from sim import tomlio  # noqa: E402
 from sim.latency.kernels import (Arch, elementwise_bytes_per_token, fit_attention_points,  # noqa: E402
                                  fit_elementwise, gemm_shapes, layer_errors, leave_one_model_out,
-                                 rel_err_summary, VIDUR_OP,
+                                 level_oracle_errors, rel_err_summary, VIDUR_OP,
                                  ELEMENTWISE_OPS)
 from sim.latency.profile_io import fit_alpha_beta  # noqa: E402
 from sim.latency.specs import gpu_names, load_gpu  # noqa: E402
@@ -49,6 +49,7 @@ DEFAULT_OUT = REPO / "profiles" / "kernels"
 README = REPO / "profiles" / "README.md"
 FAMILIES = ("a100", "h100", "a40")
 GRID_MAX = 4096
+ORACLE_EDGES = (65, 257, 1025)  # token ranges 1-64, 65-256, 257-1024, 1025-4096
 LLAMA2_ATTN = "vidur-profiles/compute/a100/meta-llama/Llama-2-7b-hf/attention.csv"
 LLAMA3_ATTN = "vidur-profiles-llama3-8b-attention-excerpt/llama3-8b_a100_attention_points_transcribed.csv"
 # Interconnect -> Vidur network folder per family (None: not measured for that family).
@@ -297,7 +298,16 @@ def loo_markdown(loos: dict[str, tuple[pd.DataFrame, pd.DataFrame]]) -> str:
         med, p90 = rel_err_summary(g["rel_err"])
         lmed, lp90 = rel_err_summary(h["rel_err"])
         band.append(f"| {lo}-{hi} | {med:.1%} | {p90:.1%} | {lmed:.1%} | {lp90:.1%} |")
-    return "\n".join(lines + band) + "\n"
+    floor = ["", "With each held-out shape's own level divided out (`level_oracle_errors`: not a predictor, it reads "
+             "the measured answer; what is left is the step pattern's error, a floor for any method that got every "
+             "unmeasured shape's level exactly right):", "",
+             "| GPU data | GEMM P90 \\|error\\| as predicted | level per shape | level per token range (1-64, 65-256, "
+             "257-1024, 1025-4096) |", "|---|---|---|---|"]
+    for fam, (loo, _lay) in loos.items():
+        p90s = [rel_err_summary(e)[1] for e in (loo["rel_err"], level_oracle_errors(loo),
+                                                level_oracle_errors(loo, ORACLE_EDGES))]
+        floor.append(f"| {fam} | {p90s[0]:.1%} | {p90s[1]:.1%} | {p90s[2]:.1%} |")
+    return "\n".join(lines + band + floor) + "\n"
 
 
 def replace_section(text: str, name: str, body: str) -> str:

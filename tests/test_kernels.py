@@ -11,8 +11,8 @@ import pytest
 
 from conftest import REPO, SHARED_DATA
 from sim.latency.kernels import (Arch, KernelModel, elementwise_bytes_per_token, fit_attention_points,
-                                 fit_elementwise, gemm_shapes, layer_errors, leave_one_model_out, predict_gemm,
-                                 rel_err_summary, roofline_s, wave_utilisation)
+                                 fit_elementwise, gemm_shapes, layer_errors, leave_one_model_out,
+                                 level_oracle_errors, predict_gemm, rel_err_summary, roofline_s, wave_utilisation)
 
 QWEN32 = Arch(hidden_size=5120, intermediate_size=27648, num_q_heads=40, num_kv_heads=8, head_dim=128)
 FAMILIES = ("a100", "h100", "a40")
@@ -203,6 +203,18 @@ def test_layer_errors_sum_the_four_gemms():
     np.testing.assert_allclose(lay["rel_err"], [0.0, 0.0])       # -50% and +50% cancel; 0% and 0%
     lay = layer_errors(loo, {("m", 1): [(2, 1)]})
     np.testing.assert_allclose(lay["rel_err"], [0.5, 0.0])
+
+
+def test_level_oracle_divides_out_each_shapes_own_level():
+    """Hand count: one shape at +10%, +10%, +21% has level +10% (the median in log time), leaving
+    0, 0 and +10% (1.21 / 1.1); a second shape at -50% alone is all level. Split at 65 tokens, the
+    +21% point is a range of its own and all its error is level."""
+    loo = pd.DataFrame({"model": ["m", "m", "m", "m"], "N": [1, 1, 1, 2], "K": 1, "num_tokens": [1, 2, 100, 1],
+                        "rel_err": [0.1, 0.1, 0.21, -0.5]})
+    np.testing.assert_allclose(level_oracle_errors(loo), [0.0, 0.0, 0.1, 0.0], atol=1e-12)
+    np.testing.assert_allclose(level_oracle_errors(loo, (65,)), [0.0, 0.0, 0.0, 0.0], atol=1e-12)
+    other = loo.assign(model=["m", "m", "x", "m"])  # the same shape of another held-out model: its own level
+    np.testing.assert_allclose(level_oracle_errors(other), [0.0, 0.0, 0.0, 0.0], atol=1e-12)
 
 
 @pytest.mark.skipif(not (SHARED_DATA / "vidur-profiles").is_dir(), reason="../shared/data/vidur-profiles absent")

@@ -232,6 +232,22 @@ def layer_errors(loo: pd.DataFrame, layers: dict[tuple[str, int], list[tuple[int
     return pd.concat(rows, ignore_index=True)
 
 
+def level_oracle_errors(loo: pd.DataFrame, edges: tuple[int, ...] | None = None) -> np.ndarray:
+    """|error| of the leave-one-model-out predictions once each held-out shape's own level error is
+    divided out: the median of log(predicted / measured) over its token counts (over each token
+    range [edges[i], edges[i+1]) separately, if `edges` are given).
+
+    Not a predictor (it reads the measured answer): what is left is the error of the step pattern
+    within a shape's curve (or range), i.e. a floor for any method that got the level of every
+    unmeasured shape exactly right and kept the neighbours' steps."""
+    err = np.log1p(loo["rel_err"].to_numpy(float))
+    keys = [loo["model"].to_numpy(), loo["N"].to_numpy(), loo["K"].to_numpy()]
+    if edges is not None:
+        keys.append(np.digitize(loo["num_tokens"].to_numpy(), edges))
+    level = pd.Series(err).groupby(keys).transform("median").to_numpy()
+    return np.abs(np.expm1(err - level))
+
+
 class KernelModel:
     """A fitted kernel model of one GPU family, read from profiles/kernels/<family>.{toml,-gemm.csv}."""
 
