@@ -15,8 +15,10 @@ search the goodput (the highest rate at which P90 TTFT and P90 TPOT meet the SLO
   or a Ray cluster (`executor="ray"`, `address=...`; Ray is an optional extra).
 - Goodput: the artifact's integer-rate sweep (any rates: `parse_rates` reads `0.25:4`; the
   same requests at every rate: only the Poisson gaps are rescaled) brackets the goodput,
-  then bisection refines it to `tol` (and to 10% of the rate below 1 req/s)
-  (decisions.md); a search failing at its lowest rate runs bisection's lowest probe first.
+  then bisection refines it to `tol` (and to 10% of the rate below 1 req/s) (decisions.md),
+  splitting a bracket at whole multiples of `tol` where it is made of them (`_split`: the goodput
+  lands on the 0.05 req/s grid); a search failing at its lowest rate runs bisection's lowest
+  probe first.
   A failed run does not meet the SLO. If the outcome is not monotone in the rate, the highest
   passing rate below the first failing one is reported and flagged.
 - Sustainable, not absorbed: a rate passes only if the late arrivals (the last quarter of the
@@ -494,11 +496,10 @@ def goodput_searches(runner: Runner, searches: list[Search], tol: float = 0.05, 
     while True:
         # NOTE: below 1 req/s an absolute tolerance is coarse: once a rate passes, refine to
         # 10% of the bracket too (0.25 req/s found as 0.25, not 0.2).
-        active = [s for s in searches if math.isfinite(s.hi)
-                  and s.hi - s.lo > (min(tol, 0.1 * s.hi) if s.lo > 0 else tol) + 1e-9]
+        active = [s for s in searches if math.isfinite(s.hi) and s.hi - s.lo > _resolution(s.lo, s.hi, tol) + 1e-9]
         if not active:
             break
-        _probe(runner, [(s, round((s.lo + s.hi) / 2, 6)) for s in active], f"{desc}: bisect")
+        _probe(runner, [(s, _split(s.lo, s.hi, _resolution(s.lo, s.hi, tol))) for s in active], f"{desc}: bisect")
     out = []
     for s in searches:
         out.append({**s.label, "goodput_rps": round(s.lo, 4), "flag": s.flag})
@@ -564,10 +565,29 @@ def _climb(s: Search, step: int) -> list[float]:
     return [r for r in rates if r > max(s.results) and r not in s.results][:step]
 
 
+def _resolution(lo: float, hi: float, tol: float) -> float:
+    """How narrow bisection makes the bracket (lo, hi): `tol`, and 10% of the rate once a rate
+    below 1 req/s has passed (so that 0.25 req/s is found as 0.25, not 0.2)."""
+    return min(tol, 0.1 * hi) if lo > 0 else tol
+
+
+def _split(lo: float, hi: float, res: float) -> float:
+    """Bisection's next probe in the bracket (lo, hi), to be narrowed to `res`. A bracket that is a
+    whole number of cells of `res` (an integer bracket at 0.05 req/s is 20 cells) is split at a
+    cell boundary, its smaller half below, so that it ends one cell wide: 4.4 probes on average
+    and at most 5 for 20 cells, against 5 halvings to 1/32 (decisions.md: 0.05 req/s, not
+    finer). Any other bracket is halved."""
+    cells = (hi - lo) / res
+    n = round(cells)
+    if n >= 2 and abs(cells - n) < 1e-6:
+        return round(lo + res * (n // 2), 6)
+    return round((lo + hi) / 2, 6)
+
+
 def _lowest_probe(hi: float, tol: float) -> float:
     """The last rate bisection probes from the bracket (0, hi) when every probe fails."""
     while hi > tol + 1e-9:
-        hi = round(hi / 2, 6)
+        hi = _split(0.0, hi, tol)
     return hi
 
 

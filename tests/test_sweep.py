@@ -423,23 +423,42 @@ def test_off_sweep_probes_use_the_cheaper_table_unless_the_shared_one_is_cached(
 @pytest.mark.parametrize("threshold", [0.01, 0.03, 0.031, 0.05, 0.2, 0.4999, 0.77, 0.99])
 def test_a_search_failing_at_its_lowest_rate_probes_the_floor_first(threshold):
     """Bracket (0, 1): the lowest bisection probe runs first; the goodput is plain bisection's
-    (written out here with the same rounding and stopping rule), and with no goodput at all the
-    search takes one run below the sweep instead of five."""
+    (written out here: 20 cells of 0.05 split at cell boundaries, then halving once the 10% rule
+    below 1 req/s makes the cells uneven), and with no goodput at all the search takes one run
+    below the sweep instead of five."""
     def passes(rate):
         return 2000.0 * rate / threshold <= 2000.0  # fake_eval's verdict
 
     lo, hi = 0.0, 1.0
-    while hi - lo > (min(0.05, 0.1 * hi) if lo > 0 else 0.05) + 1e-9:
-        mid = round((lo + hi) / 2, 6)
+    while hi - lo > (res := (min(0.05, 0.1 * hi) if lo > 0 else 0.05)) + 1e-9:
+        n = (hi - lo) / res
+        mid = round(lo + res * (round(n) // 2), 6) if abs(n - round(n)) < 1e-6 else round((lo + hi) / 2, 6)
         lo, hi = (mid, hi) if passes(mid) else (lo, mid)
     runner = Runner(None, progress=False, evaluate_fn=fake_eval(threshold))
     s = Search({}, {"workload": {}}, list(range(1, 11)), full_sweep=False)
     (res,) = goodput_searches(runner, [s], tol=0.05)
     assert res["goodput_rps"] == round(lo, 4)
     below = sorted(r for r in s.results if r < 1)
-    assert below[0] == 0.03125
+    assert below[0] == 0.05  # 0.5, 0.25, 0.1, 0.05: the probes of a search failing everywhere
     if lo == 0:
-        assert below == [0.03125]
+        assert below == [0.05]
+
+
+def test_an_integer_bracket_is_bisected_on_the_005_grid():
+    """[3, 4] is 20 cells of 0.05 req/s: every probe is a multiple of 0.05, the search ends with a
+    passing and a failing rate one cell apart, and over the 20 cells a goodput takes 4 probes in
+    12 of them and 5 in 8 (4.4 on average; halving to 1/32 took 5 in every cell). Hand count:
+    20 -> 10 + 10 -> 5 + 5 -> (2 + 3) each, and a 2- or 3-cell part takes 1 or 2 more probes."""
+    counts = []
+    for i in range(20):
+        threshold = 3.0 + 0.05 * i + 0.025  # inside cell i
+        s = Search({}, {"workload": {}}, list(range(1, 11)))
+        (res,) = goodput_searches(Runner(None, progress=False, evaluate_fn=fake_eval(threshold)), [s], tol=0.05)
+        probes = sorted(r for r in s.results if r not in s.rates)
+        assert all(abs(r * 20 - round(r * 20)) < 1e-9 for r in probes), probes
+        assert res["goodput_rps"] == round(3.0 + 0.05 * i, 4)
+        counts.append(len(probes))
+    assert sorted(counts) == [4] * 12 + [5] * 8
 
 
 def _pid_eval(table):
