@@ -494,8 +494,6 @@ def goodput_searches(runner: Runner, searches: list[Search], tol: float = 0.05, 
             if not meets_slo(out, s.slo):
                 s.hi = r
     while True:
-        # NOTE: below 1 req/s an absolute tolerance is coarse: once a rate passes, refine to
-        # 10% of the bracket too (0.25 req/s found as 0.25, not 0.2).
         active = [s for s in searches if math.isfinite(s.hi) and s.hi - s.lo > _resolution(s.lo, s.hi, tol) + 1e-9]
         if not active:
             break
@@ -567,7 +565,8 @@ def _climb(s: Search, step: int) -> list[float]:
 
 def _resolution(lo: float, hi: float, tol: float) -> float:
     """How narrow bisection makes the bracket (lo, hi): `tol`, and 10% of the rate once a rate
-    below 1 req/s has passed (so that 0.25 req/s is found as 0.25, not 0.2)."""
+    below 1 req/s has passed (an absolute tolerance is coarse there: 0.25 req/s is found as 0.25,
+    not 0.2)."""
     return min(tol, 0.1 * hi) if lo > 0 else tol
 
 
