@@ -127,7 +127,7 @@ class RLS4:
 
     def update(self, y: float, base: float, x: Sequence[float]) -> None:
         x0, x1, x2, x3 = x
-        pred = base + (0.0 + self.t0 * x0 + self.t1 * x1 + self.t2 * x2 + self.t3 * x3)
+        pred = base + self.residual(x)
         err = y - pred
         clip = self.clip
         if clip > 0:
