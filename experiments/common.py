@@ -7,6 +7,7 @@ from sim.lazy import lazy
 
 import copy
 from dataclasses import dataclass, field
+from typing import Callable
 from pathlib import Path
 
 pd = lazy("pandas")  # imported on first use (sim/lazy.py)
@@ -31,6 +32,9 @@ QUICK_REQUESTS = 120
 # arrival window held (sim/sweep.py), a run at k times the top rate has k times the requests,
 # so the factor bounds the cost of a search.
 MAX_RATE_FACTOR = 2.0
+# Schemes per (model, workload, SLO scale, seed) whose goodput, found first, sets the others' hint
+# in `goodput_study` (the others are hinted with the pilots' mean ratio to their reference).
+PILOTS = 2
 QUICK_RATES = [1, 3, 5, 7, 9, 11]
 
 
@@ -82,15 +86,16 @@ def goodput_study(ctx: Context, models, workloads, schemes, slo_scales=(1.0,), d
     expands to every static chunk; its best chunk is picked afterwards.
 
     `full_sweep`: True runs every rate of the sweep for every search (per-rate figures), False
-    climbs the rates and stops at the first failure (`sim.sweep.goodput_searches`), "first-seed"
-    runs the full sweep for the first seed only (the one the per-rate plots show) and climbs for
-    the others (same goodput when the outcome is monotone in the rate).
+    climbs the rates (or gallops from a hint) and stops at the first failure
+    (`sim.sweep.goodput_searches`), "first-seed" runs the full sweep for the first seed only (the
+    one the per-rate plots show) and gallops from a hint for the others (same goodput when the
+    outcome is monotone in the rate).
 
     Runs are shared between studies wherever they are the same simulation: a static scheme does
     not read the SLO, so its runs at every SLO scale are those at scale 1.0, and a run at scale
     1.0 without `extra` is the goodput figures' (fig9/fig10) run; the pass/fail verdict applies
     each search's own SLO to the shared summary. Runs off the sweep's rates (extension and
-    bisection points, a hinted climb's rates) stop as soon as their verdict is certain: their P90
+    bisection points, a hinted search's rates) stop as soon as their verdict is certain: their P90
     is certain to miss the search's SLO (status "stopped"), or the run is certain to meet it
     (status "met", `[slo] stop_when_met`), unless the full run is cached: a stopped run knows
     only its verdict on its own table's SLO, and only the verdict is needed there. `stop_early` makes every
@@ -111,7 +116,7 @@ def goodput_study(ctx: Context, models, workloads, schemes, slo_scales=(1.0,), d
                             static = sch == "TP" or sch.startswith("PP_")
                             table = scheme_table(sch, model, wtable, seed=seed, slo_scale=1.0 if static else scale,
                                                  extra=extra)
-                            # Off the sweep's rates (extension, bisection, a hinted climb) a run
+                            # Off the sweep's rates (extension, bisection, a hinted search) a run
                             # stops as soon as its verdict is certain (a miss, or a pass), unless
                             # the full run is cached: the verdict is all a search needs there.
                             stopping = copy.deepcopy(table)
@@ -128,12 +133,17 @@ def goodput_study(ctx: Context, models, workloads, schemes, slo_scales=(1.0,), d
                                                    full_sweep=full, probe_table=probe))
     top = max(max(s.rates) for s in searches)
     max_rate = MAX_RATE_FACTOR * top if extend else top
-    # Searches run in three phases, each later one starting its climb near an earlier goodput
-    # (`Search.hint_rps`) instead of at the lowest rate: the same goodput when the outcome is
-    # monotone in the rate, without the low-rate runs (the longest simulations: most iterations
-    # per request). 1: the first seed at the first (loosest) SLO scale; 2: the first seed at the
-    # other scales, from phase 1's goodput times the scale ratio; 3: the other seeds, from the
-    # first seed's goodput at the same scale.
+    # Searches run in three phases, each later one starting near an earlier goodput
+    # (`Search.hint_rps`; it gallops from there, `sim.sweep._gallop`) instead of climbing from the
+    # lowest rate: the same goodput when the outcome is monotone in the rate, without the low-rate
+    # runs (the longest simulations: most iterations per request). 1: the first seed at the first
+    # (loosest) SLO scale; 2: the first seed at the other scales, from phase 1's goodput; 3: the
+    # other seeds, from the first seed's goodput at the same scale. Phases 2 and 3 first run
+    # `PILOTS` schemes of each (model, workload, scale, seed) from the reference goodput itself
+    # (times the scale ratio in phase 2), then the others from their reference times the pilots'
+    # mean ratio of found to reference goodput: a seed's requests, or a tighter SLO, move every
+    # scheme's goodput alike (median distance to the hint, in cells of 0.05 req/s: other seeds 11
+    # plain, 7 as used, pilots included; tighter scales 33 and 18; benchmarks/search_replay.py).
     found: dict[int, dict] = {}
 
     def key(s: Search, **label) -> tuple:
@@ -147,13 +157,33 @@ def goodput_study(ctx: Context, models, workloads, schemes, slo_scales=(1.0,), d
                                                    desc=f"{desc}{what}", max_rate=max_rate)))
         return {key(searches[i]): found[i]["goodput_rps"] for i in idx}
 
+    def piloted(idx: list[int], ref, scale: Callable[[Search], float], what: str) -> dict:
+        """Phase over `idx`: pilots from `ref(s)` (a goodput already found) x `scale(s)`, then the
+        rest from `ref(s)` x the mean of their group's pilots' found / ref ratios."""
+        groups: dict[tuple, list[int]] = {}
+        for i in idx:
+            groups.setdefault(key(searches[i], scheme=None, group=None, chunk=None), []).append(i)
+        pilots = {g: [i for i in members if searches[i].label["scheme"] in
+                      list(dict.fromkeys(searches[j].label["scheme"] for j in members))[:PILOTS]]
+                  for g, members in groups.items()}
+        got = phase([i for p in pilots.values() for i in p], lambda s: ref(s) * scale(s), f"{what} (pilots)")
+
+        def hint(s: Search) -> float:
+            ratios = [got[key(searches[i])] / ref(searches[i])
+                      for i in pilots[key(s, scheme=None, group=None, chunk=None)] if ref(searches[i]) > 0]
+            return ref(s) * (sum(ratios) / len(ratios) if ratios else scale(s))
+
+        got.update(phase([i for i in idx if not any(i in p for p in pilots.values())], hint, what))
+        return got
+
     scale0 = slo_scales[0]
     seed1 = [i for i, s in enumerate(searches) if s.label["seed"] == first_seed]
     g1 = phase([i for i in seed1 if searches[i].label["slo_scale"] == scale0], lambda s: None, "")
-    g1.update(phase([i for i in seed1 if searches[i].label["slo_scale"] != scale0],
-                    lambda s: g1[key(s, slo_scale=scale0)] * s.label["slo_scale"] / scale0, ": tighter SLOs"))
-    phase([i for i in range(len(searches)) if i not in found], lambda s: g1[key(s, seed=first_seed)],
-          f": seeds {', '.join(map(str, ctx.seeds[1:]))}")
+    g1.update(piloted([i for i in seed1 if searches[i].label["slo_scale"] != scale0],
+                      lambda s: g1[key(s, slo_scale=scale0)], lambda s: s.label["slo_scale"] / scale0,
+                      ": tighter SLOs"))
+    piloted([i for i in range(len(searches)) if i not in found], lambda s: g1[key(s, seed=first_seed)],
+            lambda s: 1.0, f": seeds {', '.join(map(str, ctx.seeds[1:]))}")
     good = pd.DataFrame([found[i] for i in range(len(searches))])
     rows = pd.DataFrame(per_rate_rows(searches))
     return rows, good

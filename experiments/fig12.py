@@ -21,7 +21,7 @@ SCALES = (1.0, 0.8, 0.6, 0.4, 0.2)
 def compute(ctx: Context) -> dict[str, pd.DataFrame]:
     scales = (1.0, 0.6, 0.2) if ctx.quick else SCALES
     models = MODELS[:1] if ctx.quick else MODELS
-    # Only the goodput is plotted: climb the rates from the nearest known goodput to a bracket, and
+    # Only the goodput is plotted: gallop from the nearest known goodput to a bracket, and
     # do not extend past the sweep's range (a goodput at its top is flagged not_bracketed).
     # Runs stop as soon as their P90 is certain to miss the SLO (status "stopped").
     _, good = goodput_study(ctx, models, WORKLOADS, SCHEMES, slo_scales=scales, desc="fig12", full_sweep=False,

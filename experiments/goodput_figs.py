@@ -20,8 +20,8 @@ GOODPUT_COLUMNS = ["model", "workload", "scheme", "best_chunk", "tied_chunks", "
 
 
 def compute(ctx: Context, exp_id: str, models, workloads, schemes) -> dict[str, pd.DataFrame]:
-    # every rate of the first seed (the per-rate curves plotted); the other seeds climb from the
-    # first seed's goodput to their bracket, which is all their goodput needs
+    # every rate of the first seed (the per-rate curves plotted); the other seeds gallop from the
+    # first seed's goodput (pilot-corrected) to their bracket, which is all their goodput needs
     rows, good = goodput_study(ctx, models, workloads, schemes, desc=exp_id, full_sweep="first-seed")
     rows = rows[RATE_COLUMNS].sort_values(["model", "workload", "scheme", "seed", "rate_rps"])
     good = aggregate_goodput(best_static(good), ["model", "workload", "scheme"])[GOODPUT_COLUMNS]

@@ -14,7 +14,8 @@ search the goodput (the highest rate at which P90 TTFT and P90 TPOT meet the SLO
   for the runner's life, so the rounds of a search reuse the workers' set-up; `Runner.close`),
   or a Ray cluster (`executor="ray"`, `address=...`; Ray is an optional extra).
 - Goodput: the artifact's integer-rate sweep (any rates: `parse_rates` reads `0.25:4`; the
-  same requests at every rate: only the Poisson gaps are rescaled) brackets the goodput,
+  same requests at every rate: only the Poisson gaps are rescaled) brackets the goodput (or, for
+  a search given a hint, steps that double from the hint on the 0.05 req/s grid: `_gallop`),
   then bisection refines it to `tol` (and to 10% of the rate below 1 req/s) (decisions.md),
   splitting a bracket at whole multiples of `tol` where it is made of them (`_split`: the goodput
   lands on the 0.05 req/s grid); a search failing at its lowest rate runs bisection's lowest
@@ -48,6 +49,12 @@ sstats = lazy("scipy.stats")  # imported on first use (sim/lazy.py)
 from sim.errors import ConfigError
 from sim.metrics import meets_slo  # noqa: F401  (re-exported: the goodput criterion)
 from sim.slo import SLO
+
+# A hinted search's first step away from its hint (req/s; `_gallop`). It moves no result on a
+# monotone outcome, only the number of runs: of 0.1, 0.2, 0.4 and 0.6, 0.4 took the fewest in a
+# replay of the committed results' searches (`benchmarks/search_replay.py`; benchmarks/README.md,
+# "Sweeps"), whose other seeds sit a median 7 cells of 0.05 req/s from the hint they start at.
+GALLOP_RPS = 0.4
 
 SUMMARY_FIELDS = (
     "status", "reason", "num_requests", "num_finished", "mean_ttft_ms", "p50_ttft_ms", "p90_ttft_ms",
@@ -411,13 +418,13 @@ class Search:
     min_window_s: float | None = None  # None: the sweep's window at its highest rate (see `window_s`)
     slo: SLO | None = None
     full_sweep: bool | None = None  # None: as `goodput_searches` is told
-    # For rates off the sweep (extension, bisection), and every rate of a hinted climb: a cheaper
+    # For rates off the sweep (extension, bisection), and every rate of a hinted search: a cheaper
     # table giving the same verdict under `slo` (e.g. `table` with an early stop at `slo`), used
     # unless `table` at that rate is already cached. None: `table` everywhere.
     probe_table: dict | None = None
-    # Where a climbing search starts (req/s): e.g. the goodput another seed found for the same
-    # scheme. None: at the lowest sweep rate. Only the number of runs depends on it when the
-    # outcome is monotone in the rate (`_climb`).
+    # Where a search that does not sweep every rate starts (req/s; it gallops from there, `_gallop`):
+    # e.g. the goodput another seed found for the same scheme. None: it climbs from the lowest sweep
+    # rate (`_climb`). Only the number of runs depends on it when the outcome is monotone in the rate.
     hint_rps: float | None = None
 
     def __post_init__(self) -> None:
@@ -447,22 +454,33 @@ class Search:
 
 
 def goodput_searches(runner: Runner, searches: list[Search], tol: float = 0.05, desc: str = "goodput",
-                     max_rate: float = 64.0, full_sweep: bool = True, step: int = 2) -> list[dict]:
+                     max_rate: float = 64.0, full_sweep: bool = True, step: int = 2,
+                     gallop_rps: float | None = GALLOP_RPS) -> list[dict]:
     """Run several goodput searches together: the integer-rate sweep, then (for searches that
     still pass at their highest rate) extension rounds at 1.5x the highest rate up to
     `max_rate`, then bisection rounds (one midpoint per unfinished search per round).
 
     A full sweep (`full_sweep=True`, or a search's own `full_sweep`) runs every rate of the
-    sweep in the first parallel batch (the artifact's sweep, for per-rate figures); otherwise a
-    search climbs the rates `step` at a time from its `hint_rps` (or the lowest rate) until a
-    passing and a failing rate are adjacent (`_climb`: same goodput when the outcome is
-    monotone, far fewer runs; non-monotone outcomes outside the rates run go unseen). Both
-    kinds share the batches."""
+    sweep in the first parallel batch (the artifact's sweep, for per-rate figures). Otherwise a
+    search with a `hint_rps` gallops from it (`_gallop`: steps of `gallop_rps`, doubling, on the
+    `tol` grid, between the lowest sweep rate and `max_rate`) until a passing and a failing rate
+    bracket the goodput, and one without climbs the sweep's rates `step` at a time from the
+    lowest until a passing and a failing rate are adjacent (`_climb`; so do hinted searches, from
+    the sweep rate at or below their hint, with `gallop_rps=None`). Either gives the full
+    sweep's goodput when the outcome is monotone in the rate, with far fewer runs (non-monotone
+    outcomes outside the rates run go unseen). All kinds share the batches."""
     first = {id(s): (full_sweep if s.full_sweep is None else s.full_sweep) for s in searches}
+    gallops = {id(s) for s in searches if not first[id(s)] and s.hint_rps is not None and gallop_rps is not None}
     while True:
         jobs = []
         for s in searches:
-            jobs += [(s, r) for r in (sorted(s.rates) if first[id(s)] else _climb(s, step))]
+            if first[id(s)]:
+                rates = sorted(s.rates)
+            elif id(s) in gallops:
+                rates = _gallop(s, gallop_rps, tol, max_rate)
+            else:
+                rates = _climb(s, step)
+            jobs += [(s, r) for r in rates]
             first[id(s)] = False
         if not jobs:
             break
@@ -471,7 +489,10 @@ def goodput_searches(runner: Runner, searches: list[Search], tol: float = 0.05, 
         for (s, r), out in zip(jobs, res):
             s.results[r] = out
     for s in searches:
-        _bracket(s)
+        if id(s) in gallops:
+            _gallop_bracket(s)
+        else:
+            _bracket(s)
     while True:
         # NOTE: beyond the sweep's range, so that a goodput above it is found, not capped.
         open_ = [s for s in searches if not math.isfinite(s.hi) and max(s.results) < max_rate]
@@ -500,6 +521,8 @@ def goodput_searches(runner: Runner, searches: list[Search], tol: float = 0.05, 
         _probe(runner, [(s, _split(s.lo, s.hi, _resolution(s.lo, s.hi, tol))) for s in active], f"{desc}: bisect")
     out = []
     for s in searches:
+        if id(s) in gallops:
+            _gallop_flag(s)
         out.append({**s.label, "goodput_rps": round(s.lo, 4), "flag": s.flag})
     return out
 
@@ -561,6 +584,51 @@ def _climb(s: Search, step: int) -> list[float]:
         gap = [r for r in rates if floor < r < top_fail and r not in s.results]
         return gap[::-1][:step]
     return [r for r in rates if r > max(s.results) and r not in s.results][:step]
+
+
+def _gallop(s: Search, step_rps: float, tol: float, max_rate: float) -> list[float]:
+    """The next rate a hinted search probes: first its hint (on the `tol` grid, inside [lowest
+    sweep rate, `max_rate`]); then, while every rate run passes, the highest pass plus
+    `step_rps` x 2^(passes - 1) (at most `max_rate`), or, while every rate run fails, the lowest
+    failure minus `step_rps` x 2^(failures - 1) (at least the lowest sweep rate); nothing once a
+    pass and a failure bracket the goodput, the lowest sweep rate fails, or `max_rate` passes.
+    The distance covered doubles with each probe, so a goodput d req/s from the hint is
+    bracketed in about log2(d / step_rps) + 2 runs, and the bracket is whole `tol` cells, which
+    bisection then splits on the same grid (`_split`): the goodput is the full sweep's when the
+    outcome is monotone in the rate. Below the lowest sweep rate the search is plain bisection
+    from (0, lowest rate), as for every other search."""
+    lowest = min(s.rates)
+
+    def grid(rate: float) -> float:
+        return round(round(rate / tol) * tol, 6)
+
+    if not s.results:
+        return [min(max(grid(s.hint_rps), lowest), max_rate)]
+    passes = [r for r in s.results if s.passes(r)]
+    fails = [r for r in s.results if not s.passes(r)]
+    if passes and fails:
+        return []
+    if passes:
+        top = max(passes)
+        return [] if top >= max_rate else [min(grid(top + step_rps * 2 ** (len(passes) - 1)), max_rate)]
+    bottom = min(fails)
+    return [] if bottom <= lowest else [max(grid(bottom - step_rps * 2 ** (len(fails) - 1)), lowest)]
+
+
+def _gallop_bracket(s: Search) -> None:
+    """A galloped search's bracket: its lowest failure (or none) and the highest pass below it."""
+    fails = [r for r in s.results if not s.passes(r)]
+    s.hi = min(fails) if fails else math.inf
+    s.lo = max((r for r in s.results if r < s.hi and s.passes(r)), default=0.0)
+    if not fails:
+        s.flag = "not_bracketed (passes at the highest rate)"
+
+
+def _gallop_flag(s: Search) -> None:
+    """After bisection: a galloped goodput at or above the sweep's top rate is flagged as a swept
+    search's extension would be on a monotone outcome."""
+    if math.isfinite(s.hi) and s.lo >= max(s.rates):
+        s.flag = "extended beyond the sweep range"
 
 
 def _resolution(lo: float, hi: float, tol: float) -> float:

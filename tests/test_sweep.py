@@ -384,28 +384,78 @@ def test_studies_share_runs_that_do_not_read_the_slo(tmp_path):
     rates = {s: {t["workload"]["rate_rps"] for t in figs if t["seed"] == s and t["parallel"]["tp"] == 4}
              for s in (1, 2)}
     assert {1.0, 3.0, 5.0, 7.0, 9.0} <= rates[1] and 9.0 not in rates[2]
-    # ... and starts at the first seed's goodput (2.5: between 1 and 3), not below it
-    assert min(rates[2]) == 1.0 and rates[2] & {3.0, 5.0} == {3.0}
+    # ... and gallops from the first seed's goodput (2.5; the quick grid is 0.25 req/s): 2.5 passes,
+    # 2.5 + 0.4 on the grid (3.0) fails, bisection takes 2.75; no rate below the hint
+    assert rates[2] == {2.5, 2.75, 3.0}
 
 
-@pytest.mark.parametrize("threshold", [0.5, 1.0, 3.3, 7.0, 9.9, 12.5])
-@pytest.mark.parametrize("hint", [None, 0.2, 1.0, 4.5, 7.0, 10.0, 30.0])
-def test_a_hinted_climb_finds_the_same_goodput_from_anywhere(threshold, hint):
-    """Wherever a climbing search starts, a monotone outcome gives the full sweep's goodput; from
-    a hint next to the goodput it runs at most three sweep rates, none far below the hint."""
+@pytest.mark.parametrize("threshold", [0.5, 1.0, 3.3, 7.0, 9.9, 10.0, 12.5, 70.0])
+@pytest.mark.parametrize("hint", [None, 0.0, 0.2, 1.0, 4.43, 4.5, 7.0, 10.0, 12.45, 30.0])
+def test_a_hinted_search_finds_the_same_goodput_from_anywhere(threshold, hint):
+    """Wherever a search starts, a monotone outcome gives the full sweep's goodput and flag (the
+    rates 1-10, extended up to 64 req/s); from a hint within one step (0.4 req/s) of the goodput
+    a galloping search takes at most 5 runs, none farther than that step from the hint."""
     full_runner = Runner(None, progress=False, evaluate_fn=fake_eval(threshold))
     (full,) = goodput_searches(full_runner, [Search({}, {"workload": {}}, list(range(1, 11)))], tol=0.05)
     runner = Runner(None, progress=False, evaluate_fn=fake_eval(threshold))
     s = Search({}, {"workload": {}}, list(range(1, 11)), full_sweep=False, hint_rps=hint)
     (res,) = goodput_searches(runner, [s], tol=0.05)
     assert res == full
-    swept = sorted(r for r in s.results if r in s.rates)
-    if hint is not None and abs(hint - threshold) < 1:
-        assert len(swept) <= 3 and min(swept) >= math.floor(hint) - 2
-    # every swept rate next to the bracket was needed: one pass just below the first failure
-    fails = [r for r in swept if not s.passes(r)]
-    if fails and min(fails) > 1:
-        assert min(fails) - 1 in swept and s.passes(min(fails) - 1)
+    if hint is not None and 1 <= hint and abs(hint - threshold) < 0.4:
+        assert len(s.results) <= 5 and all(abs(r - hint) <= 0.4 + 1e-9 for r in s.results), sorted(s.results)
+    if hint is not None:  # every galloped rate is on the 0.05 grid (bisection then splits whole cells)
+        assert all(abs(r * 20 - round(r * 20)) < 1e-9 for r in s.results if r >= 1)
+
+
+def test_a_gallop_doubles_its_steps_from_the_hint():
+    """Hand count: hint 3.0, goodput 5.0 (fake verdict: rate <= 5 passes). Up: 3.0, 3.4 (+0.4),
+    4.2 (+0.8), 5.8 (+1.6) fails; bracket (4.2, 5.8) is 32 cells, split at 16, 8, 4, 2, 1 cells:
+    5.0, 5.4, 5.2, 5.1, 5.05. Down from hint 7.0 (goodput 5.0): 7.0, 6.6, 5.8 fail, 4.2 passes."""
+    s = Search({}, {"workload": {}}, list(range(1, 11)), full_sweep=False, hint_rps=3.0)
+    (res,) = goodput_searches(Runner(None, progress=False, evaluate_fn=fake_eval(5.0)), [s], tol=0.05)
+    assert list(s.results) == [3.0, 3.4, 4.2, 5.8, 5.0, 5.4, 5.2, 5.1, 5.05]
+    assert res["goodput_rps"] == 5.0
+    s = Search({}, {"workload": {}}, list(range(1, 11)), full_sweep=False, hint_rps=7.0)
+    goodput_searches(Runner(None, progress=False, evaluate_fn=fake_eval(5.0)), [s], tol=0.05)
+    assert list(s.results)[:4] == [7.0, 6.6, 5.8, 4.2]
+    # capped at max_rate: a search passing there is not bracketed, a lower bound
+    s = Search({}, {"workload": {}}, list(range(1, 11)), full_sweep=False, hint_rps=9.9)
+    (res,) = goodput_searches(Runner(None, progress=False, evaluate_fn=fake_eval(50.0)), [s], tol=0.05,
+                              max_rate=11.0)
+    assert list(s.results) == [9.9, 10.3, 11.0] and res["goodput_rps"] == 11.0
+    assert res["flag"].startswith("not_bracketed")
+
+
+def test_other_seeds_start_from_their_pilots_ratio(tmp_path):
+    """goodput_study's last phase: the first two schemes of the second seed (the pilots) start at
+    the first seed's goodput; the third at its first-seed goodput times the pilots' mean ratio of
+    found to first-seed goodput. Here seed 2 raises every scheme's goodput by 1.5x, so the third
+    scheme's first run is at its own goodput (4.0 x 1.5 = 6.0)."""
+    from experiments.common import PILOTS, Context, goodput_study
+
+    assert PILOTS == 2
+    first = {"TP": 2.0, "PP_2048": 3.0, "DCP_pred": 4.0}
+    seen = []
+
+    def evaluate(table):
+        scheme = ("DCP_pred" if table["scheduler"]["chunk_policy"]["name"] == "predictive"
+                  else "TP" if table["parallel"]["tp"] == 4 else "PP_2048")
+        seen.append((scheme, table["seed"], table["workload"]["rate_rps"]))
+        return fake_eval(first[scheme] * (1.5 if table["seed"] == 2 else 1.0))(table)
+
+    ctx = Context(tmp_path, quick=False, progress=False, seeds=(1, 2))
+    ctx._runner = Runner(None, progress=False, evaluate_fn=evaluate)
+    _, good = goodput_study(ctx, ["qwen2.5-32b"], ["azure-conv"], ["TP", "PP_2048", "DCP_pred"],
+                            full_sweep="first-seed")
+    assert {(r.scheme, r.seed): r.goodput_rps for r in good.itertuples()} == {
+        ("TP", 1): 2.0, ("PP_2048", 1): 3.0, ("DCP_pred", 1): 4.0, ("TP", 2): 3.0, ("PP_2048", 2): 4.5,
+        ("DCP_pred", 2): 6.0}
+    runs = {k: [r for sch, sd, r in seen if (sch, sd) == k] for k in [("TP", 2), ("PP_2048", 2), ("DCP_pred", 2)]}
+    assert runs[("TP", 2)][0] == 2.0 and runs[("PP_2048", 2)][0] == 3.0  # pilots: from seed 1's goodput
+    assert runs[("DCP_pred", 2)][0] == 6.0 and len(runs[("DCP_pred", 2)]) == 5  # 6.0, 6.4, then 3 splits
+    # the pilots ran before the third scheme's first run
+    order = [k for k in seen if k[1] == 2]
+    assert order.index(("DCP_pred", 2, 6.0)) > max(i for i, k in enumerate(order) if k[0] != "DCP_pred")
 
 
 def test_off_sweep_probes_use_the_cheaper_table_unless_the_shared_one_is_cached():
