@@ -160,20 +160,26 @@ def goodput_study(ctx: Context, models, workloads, schemes, slo_scales=(1.0,), d
     def piloted(idx: list[int], ref, scale: Callable[[Search], float], what: str) -> dict:
         """Phase over `idx`: pilots from `ref(s)` (a goodput already found) x `scale(s)`, then the
         rest from `ref(s)` x the mean of their group's pilots' found / ref ratios."""
-        groups: dict[tuple, list[int]] = {}
+        def group(s: Search) -> tuple:
+            return key(s, scheme=None, group=None, chunk=None)
+
+        schemes: dict[tuple, list[str]] = {}  # each group's schemes in order, the first PILOTS piloting
         for i in idx:
-            groups.setdefault(key(searches[i], scheme=None, group=None, chunk=None), []).append(i)
-        pilots = {g: [i for i in members if searches[i].label["scheme"] in
-                      list(dict.fromkeys(searches[j].label["scheme"] for j in members))[:PILOTS]]
-                  for g, members in groups.items()}
-        got = phase([i for p in pilots.values() for i in p], lambda s: ref(s) * scale(s), f"{what} (pilots)")
+            names = schemes.setdefault(group(searches[i]), [])
+            if searches[i].label["scheme"] not in names:
+                names.append(searches[i].label["scheme"])
+        pilots = [i for i in idx if searches[i].label["scheme"] in schemes[group(searches[i])][:PILOTS]]
+        by_group: dict[tuple, list[int]] = {}
+        for i in pilots:
+            by_group.setdefault(group(searches[i]), []).append(i)
+        got = phase(pilots, lambda s: ref(s) * scale(s), f"{what} (pilots)")
 
         def hint(s: Search) -> float:
-            ratios = [got[key(searches[i])] / ref(searches[i])
-                      for i in pilots[key(s, scheme=None, group=None, chunk=None)] if ref(searches[i]) > 0]
+            ratios = [got[key(searches[i])] / ref(searches[i]) for i in by_group[group(s)] if ref(searches[i]) > 0]
             return ref(s) * (sum(ratios) / len(ratios) if ratios else scale(s))
 
-        got.update(phase([i for i in idx if not any(i in p for p in pilots.values())], hint, what))
+        piloting = set(pilots)
+        got.update(phase([i for i in idx if i not in piloting], hint, what))
         return got
 
     scale0 = slo_scales[0]

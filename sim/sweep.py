@@ -55,6 +55,10 @@ from sim.slo import SLO
 # replay of the committed results' searches (`benchmarks/search_replay.py`; benchmarks/README.md,
 # "Sweeps"), whose other seeds sit a median 7 cells of 0.05 req/s from the hint they start at.
 GALLOP_RPS = 0.4
+# A search's flags: it still passes at the highest rate it may run; its goodput lies above the
+# sweep's top rate (found by extension or by a gallop).
+NOT_BRACKETED = "not_bracketed (passes at the highest rate)"
+EXTENDED = "extended beyond the sweep range"
 
 SUMMARY_FIELDS = (
     "status", "reason", "num_requests", "num_finished", "mean_ttft_ms", "p50_ttft_ms", "p90_ttft_ms",
@@ -499,7 +503,7 @@ def goodput_searches(runner: Runner, searches: list[Search], tol: float = 0.05, 
         if not open_:
             break
         nxt = [min(max_rate, float(max(math.ceil(max(s.results) * 1.5), max(s.results) + 1))) for s in open_]
-        _probe(runner, list(zip(open_, nxt)), f"{desc}: extend", fail_flag="extended beyond the sweep range")
+        _probe(runner, list(zip(open_, nxt)), f"{desc}: extend", fail_flag=EXTENDED)
     # A search failing at its lowest rate most often has no goodput at all, which bisection
     # learns only after its every probe failed. Its last probe (the lowest) goes first: if that
     # fails, a monotone outcome fails at every probe, and the goodput is 0 after one run (the
@@ -621,14 +625,14 @@ def _gallop_bracket(s: Search) -> None:
     s.hi = min(fails) if fails else math.inf
     s.lo = max((r for r in s.results if r < s.hi and s.passes(r)), default=0.0)
     if not fails:
-        s.flag = "not_bracketed (passes at the highest rate)"
+        s.flag = NOT_BRACKETED
 
 
 def _gallop_flag(s: Search) -> None:
     """After bisection: a galloped goodput at or above the sweep's top rate is flagged as a swept
     search's extension would be on a monotone outcome."""
     if math.isfinite(s.hi) and s.lo >= max(s.rates):
-        s.flag = "extended beyond the sweep range"
+        s.flag = EXTENDED
 
 
 def _resolution(lo: float, hi: float, tol: float) -> float:
@@ -662,7 +666,7 @@ def _bracket(s: Search) -> None:
     rates = sorted(r for r in s.rates if r in s.results)
     passing = [s.passes(r) for r in rates]
     if all(passing):
-        s.lo, s.hi, s.flag = rates[-1], math.inf, "not_bracketed (passes at the highest rate)"
+        s.lo, s.hi, s.flag = rates[-1], math.inf, NOT_BRACKETED
         return
     first_fail = next(i for i, p in enumerate(passing) if not p)
     s.hi = rates[first_fail]

@@ -23,7 +23,8 @@ def test_plain_hints_are_the_first_seed_and_the_scaled_loosest_scale():
     recs = [rec(1, 1.0, None, 4.0), rec(1, 0.5, 2.2, 1.5), rec(2, 1.0, 4.0, 5.0), rec(2, 0.5, 1.9, 1.0),
             rec(1, 1.0, None, 8.0, scheme="PP_2048")]
     # seed 1 at scale 0.5: 4.0 x 0.5; seed 2 at 1.0: seed 1's 4.0; seed 2 at 0.5: seed 1's 1.5 there
-    assert search_replay.plain_hints(recs) == {1: 2.0, 2: 4.0, 3: 1.5}
+    assert search_replay.plain_hints(recs) == {1: (2.0, "tighter SLO"), 2: (4.0, "other seeds"),
+                                               3: (1.5, "other seeds")}
 
 
 def test_a_replay_counts_the_rates_each_strategy_runs():
