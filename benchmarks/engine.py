@@ -43,14 +43,14 @@ LAYOUTS = {
 }
 
 
-POLICY_LAYOUTS = ("DCP_pred", "DCP_pred+DS")  # `--policies`: schemes on azure-conv (sim.schemes)
+POLICY_LAYOUTS = ("DCP_pred", "DCP_pred+DS")  # `--policies`: schemes on azure-conv (sim.core.schemes)
 
 
 def _table(layout: str, num: int, rate: float) -> dict:
     if layout in POLICY_LAYOUTS:
         import os
 
-        from sim.schemes import scheme_table
+        from sim.core.schemes import scheme_table
 
         os.environ.setdefault("PIPESIM_CACHE", "/work/shared/data/azure-llm-inference-2023")
         return scheme_table(layout, "qwen2.5-32b", {"name": "azure-conv", "num_requests": num, "rate_rps": rate},
@@ -61,7 +61,7 @@ def _table(layout: str, num: int, rate: float) -> dict:
 
 def bench(layout: str, num: int, rate: float, repeats: int) -> dict:
     """Best of `repeats` timed runs of one point, with the `sim` package found on sys.path."""
-    from sim.config import config_from_table
+    from sim.core.config import config_from_table
     from sim.engine.run import run
     from sim.workloads import build_workload
 

@@ -54,9 +54,9 @@ def main() -> None:
     args = ap.parse_args()
     os.environ.setdefault("PIPESIM_CACHE", "/work/shared/data/azure-llm-inference-2023")
     os.chdir(ROOT)
-    from sim import tomlio
+    from sim.core import tomlio
     from sim.cli import main as ppsim
-    from sim.schemes import scheme_table
+    from sim.core.schemes import scheme_table
 
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)

@@ -2,8 +2,8 @@
 
 The PP=4, 10,000-request point of `engine.py` (Qwen2.5-32B, azure-conv-synth lengths, 4 req/s),
 simulated once, then each step `ppsim run` takes after the simulation, timed in the same process:
-the frames and the summary, `requests` and `iterations` written as CSV (`sim/csvout.py`) and as
-`.npz` (`ppsim run --format npz`, `sim/npzout.py`). Every step runs `--repeats` times and the
+the frames and the summary, `requests` and `iterations` written as CSV (`sim/outputs/csvout.py`) and as
+`.npz` (`ppsim run --format npz`, `sim/outputs/npzout.py`). Every step runs `--repeats` times and the
 best time counts; the shares are of the best simulation time, measured in the same run.
 
 Run: `python benchmarks/outputs.py [--requests N] [--repeats N]`.
@@ -37,11 +37,11 @@ def main() -> None:
     args = ap.parse_args()
 
     from benchmarks.engine import _table
-    from sim.config import config_from_table
-    from sim.csvout import write_csv
+    from sim.core.config import config_from_table
+    from sim.outputs.csvout import write_csv
     from sim.engine.run import run
-    from sim.metrics import iterations_frame, requests_frame, summarize
-    from sim.npzout import write_npz
+    from sim.outputs.metrics import iterations_frame, requests_frame, summarize
+    from sim.outputs.npzout import write_npz
     from sim.workloads import build_workload
 
     cfg = config_from_table(_table("PP=4", args.requests, 4.0))

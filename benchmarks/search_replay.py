@@ -27,7 +27,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 import experiments.common as common  # noqa: E402
-from sim import sweep  # noqa: E402
+from sim.studies import sweep  # noqa: E402
 
 
 def record(exps: list[str], out: str) -> list[dict]:

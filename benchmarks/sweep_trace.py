@@ -25,7 +25,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-import sim.sweep as sweep  # noqa: E402
+import sim.studies.sweep as sweep  # noqa: E402
 
 LOG = Path("trace.jsonl")
 
@@ -67,7 +67,7 @@ def install() -> None:
         return out
 
     for fn, name in ((evaluate, "evaluate"), (evaluate_siblings, "evaluate_siblings")):
-        fn.__module__, fn.__qualname__ = "sim.sweep", name  # pickled by name into the workers
+        fn.__module__, fn.__qualname__ = "sim.studies.sweep", name  # pickled by name into the workers
         setattr(sweep, name, fn)
     defaults = list(sweep.Runner.__init__.__defaults__)
     defaults[-1] = evaluate  # Runner(evaluate_fn=evaluate): the default evaluator, now timed

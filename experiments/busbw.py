@@ -16,8 +16,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from experiments.common import REPO, Context, aggregate_goodput, best_static, goodput_study, savefig  # noqa: E402
-from sim.tomlio import read_toml  # noqa: E402
-from sim.errors import DataError  # noqa: E402
+from sim.core.tomlio import read_toml  # noqa: E402
+from sim.core.errors import DataError  # noqa: E402
 
 MODEL = "qwen2.5-32b"
 WORKLOADS = ("azure-conv", "sharegpt", "cnn", "cnn-reversed")

@@ -1,19 +1,19 @@
 """Shared experiment set-up: the paper's workloads and rate ranges, quick mode, the context
-handed to every experiment, and the goodput-search helpers built on `sim.sweep`."""
+handed to every experiment, and the goodput-search helpers built on `sim.studies.sweep`."""
 
 from __future__ import annotations
 
-from sim.lazy import lazy
+from sim.core.lazy import lazy
 
 import copy
 from dataclasses import dataclass, field
 from typing import Callable
 from pathlib import Path
 
-pd = lazy("pandas")  # imported on first use (sim/lazy.py)
+pd = lazy("pandas")  # imported on first use (sim/core/lazy.py)
 
-from sim.schemes import STATIC_CHUNKS, scheme_table
-from sim.sweep import Runner, Search, goodput_searches, per_rate_rows
+from sim.core.schemes import STATIC_CHUNKS, scheme_table
+from sim.studies.sweep import Runner, Search, goodput_searches, per_rate_rows
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "experiments" / "results"
@@ -29,7 +29,7 @@ SWEEP_WORKLOADS = {
 QUICK_REQUESTS = 120
 # Goodput searches may extend past the sweep's range up to this factor times its top rate; a
 # search still passing there reports that rate as a lower bound (flag not_bracketed). With the
-# arrival window held (sim/sweep.py), a run at k times the top rate has k times the requests,
+# arrival window held (sim/studies/sweep.py), a run at k times the top rate has k times the requests,
 # so the factor bounds the cost of a search.
 MAX_RATE_FACTOR = 2.0
 # Schemes per (model, workload, SLO scale, seed) whose goodput, found first, sets the others' hint
@@ -87,7 +87,7 @@ def goodput_study(ctx: Context, models, workloads, schemes, slo_scales=(1.0,), d
 
     `full_sweep`: True runs every rate of the sweep for every search (per-rate figures), False
     climbs the rates (or gallops from a hint) and stops at the first failure
-    (`sim.sweep.goodput_searches`), "first-seed" runs the full sweep for the first seed only (the
+    (`sim.studies.sweep.goodput_searches`), "first-seed" runs the full sweep for the first seed only (the
     one the per-rate plots show) and gallops from a hint for the others (same goodput when the
     outcome is monotone in the rate).
 
@@ -134,7 +134,7 @@ def goodput_study(ctx: Context, models, workloads, schemes, slo_scales=(1.0,), d
     top = max(max(s.rates) for s in searches)
     max_rate = MAX_RATE_FACTOR * top if extend else top
     # Searches run in three phases, each later one starting near an earlier goodput
-    # (`Search.hint_rps`; it gallops from there, `sim.sweep._gallop`) instead of climbing from the
+    # (`Search.hint_rps`; it gallops from there, `sim.studies.sweep._gallop`) instead of climbing from the
     # lowest rate: the same goodput when the outcome is monotone in the rate, without the low-rate
     # runs (the longest simulations: most iterations per request). 1: the first seed at the first
     # (loosest) SLO scale; 2: the first seed at the other scales, from phase 1's goodput; 3: the
@@ -201,7 +201,7 @@ def best_static(good: pd.DataFrame) -> pd.DataFrame:
     seeds stay paired with the other schemes. `tied_chunks` lists every chunk whose 95% CI
     overlaps the best one's (the best included): those are statistically indistinguishable.
     Each PP_<c> row is kept once."""
-    from sim.sweep import mean_ci
+    from sim.studies.sweep import mean_ci
 
     keys = ["model", "workload", "slo_scale"]
     out = []
@@ -225,8 +225,8 @@ def best_static(good: pd.DataFrame) -> pd.DataFrame:
 
 def fold_seeds(g: pd.DataFrame, cols, ci: dict | None = None) -> dict:
     """The mean over the seeds (rows of `g`) of each column in `cols`, in order, each followed,
-    for a column `ci` names, by its 95% CI under the two names given there (`sim.sweep.mean_ci`)."""
-    from sim.sweep import mean_ci
+    for a column `ci` names, by its 95% CI under the two names given there (`sim.studies.sweep.mean_ci`)."""
+    from sim.studies.sweep import mean_ci
 
     ci = ci or {}
     row = {}
@@ -245,7 +245,7 @@ def statuses(g: pd.DataFrame) -> str:
 
 def aggregate_goodput(good: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
     """Mean and 95% CI of goodput over seeds."""
-    from sim.sweep import mean_ci
+    from sim.studies.sweep import mean_ci
 
     rows = []
     for k, g in good.groupby(keys, sort=False):

@@ -17,8 +17,8 @@ import pandas as pd  # noqa: E402
 from experiments.common import (Context, aggregate_goodput, best_static, fold_seeds, goodput_study,  # noqa: E402
                                 savefig, statuses)
 from experiments.runs import QUANTILES, distribution_runner  # noqa: E402
-from sim.schemes import scheme_table  # noqa: E402
-from sim.sweep import with_rate  # noqa: E402
+from sim.core.schemes import scheme_table  # noqa: E402
+from sim.studies.sweep import with_rate  # noqa: E402
 
 MODEL = "qwen2.5-32b"
 CASES = (("azure-conv", 4.0, 400), ("cnn", 5.0, 1000), ("cnn-reversed", 8.0, 1000))

@@ -11,7 +11,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from experiments.common import Context, fold_seeds, savefig, statuses  # noqa: E402
-from sim.schemes import scheme_table  # noqa: E402
+from sim.core.schemes import scheme_table  # noqa: E402
 
 MODEL = "qwen2.5-32b"
 CASES = (("prefill-heavy", 5.0), ("decode-heavy", 14.0))

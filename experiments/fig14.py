@@ -14,7 +14,7 @@ import pandas as pd  # noqa: E402
 from experiments.common import Context, fold_seeds, savefig, statuses  # noqa: E402
 from experiments.fig11 import best_chunks  # noqa: E402
 from experiments.runs import QUANTILES, distribution_runner  # noqa: E402
-from sim.schemes import scheme_table  # noqa: E402
+from sim.core.schemes import scheme_table  # noqa: E402
 
 MODEL = "qwen2.5-32b"
 SCHEMES = ("TP", "PP_2048", "PP_static", "DCP_greedy", "DCP_pred", "DCP_pred+DS")

@@ -18,10 +18,10 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from experiments.common import Context, savefig  # noqa: E402
-from sim.config import config_from_table  # noqa: E402
+from sim.core.config import config_from_table  # noqa: E402
 from sim.engine.run import build_latency, run  # noqa: E402
 from sim.latency.base import BatchStats  # noqa: E402
-from sim.schemes import profile_dir  # noqa: E402
+from sim.core.schemes import profile_dir  # noqa: E402
 from sim.workloads import RequestSpec  # noqa: E402
 
 MODEL = "qwen2.5-32b"

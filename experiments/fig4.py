@@ -11,8 +11,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from experiments.common import Context, savefig  # noqa: E402
-from sim.schemes import scheme_table  # noqa: E402
-from sim.sweep import with_rate  # noqa: E402
+from sim.core.schemes import scheme_table  # noqa: E402
+from sim.studies.sweep import with_rate  # noqa: E402
 
 MODEL = "qwen2.5-32b"
 CHUNKS = (128, 2048)

@@ -1,5 +1,5 @@
 """Single-run evaluators for experiments that need distributions, not just summaries
-(iteration-latency CDFs, per-request latency CDFs). They run through `sim.sweep.Runner`,
+(iteration-latency CDFs, per-request latency CDFs). They run through `sim.studies.sweep.Runner`,
 so they are parallel and cached like the goodput sweeps."""
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ def _q(values) -> list[float | None]:
 def evaluate_distributions(table: dict) -> dict:
     """Summary plus percentiles 0..100 of per-iteration latency (busy iterations) and of
     TTFT, TPOT and E2E, and per-request SLO outcomes needed by fig14."""
-    from sim.config import config_from_table
+    from sim.core.config import config_from_table
     from sim.engine.run import run
-    from sim.metrics import iterations_frame, requests_frame, summarize
+    from sim.outputs.metrics import iterations_frame, requests_frame, summarize
 
     cfg = config_from_table(table)
     res = run(cfg)
@@ -43,7 +43,7 @@ def evaluate_distributions(table: dict) -> dict:
 
 def distribution_runner(ctx):
     """A sweep runner of `evaluate_distributions`, cached beside the summaries."""
-    from sim.sweep import Runner
+    from sim.studies.sweep import Runner
 
     return Runner(ctx.out_dir / "cache" / "distributions.jsonl", jobs=ctx.jobs, executor=ctx.executor,
                   address=ctx.address, progress=ctx.progress, evaluate_fn=evaluate_distributions)

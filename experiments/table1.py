@@ -3,7 +3,7 @@ offline table only, + prefix attention, + prefill attention, + decode attention,
 (ALP) — against batch least squares, a gradient-boosted model and a small MLP, with the cost
 of one prediction call. Qwen2.5-32B, DCP_pred on azure-conv at 4 req/s, on the default ground
 truth (its fitted variance and structure; no extra noise injected for the study), seed 1 (see
-`sim/policies/accuracy.py` for the protocol)."""
+`sim/studies/accuracy.py` for the protocol)."""
 
 from __future__ import annotations
 
@@ -14,14 +14,14 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from experiments.common import Context, savefig  # noqa: E402
-from sim.config import config_from_table  # noqa: E402
-from sim.schemes import scheme_table  # noqa: E402
+from sim.core.config import config_from_table  # noqa: E402
+from sim.core.schemes import scheme_table  # noqa: E402
 
 MODEL = "qwen2.5-32b"
 
 
 def compute(ctx: Context) -> dict[str, pd.DataFrame]:
-    from sim.policies.accuracy import predictor_accuracy
+    from sim.studies.accuracy import predictor_accuracy
 
     n = 150 if ctx.quick else 400
     table = scheme_table("DCP_pred", MODEL, {"name": "azure-conv", "num_requests": n, "rate_rps": 4.0})

@@ -36,13 +36,13 @@ import pandas as pd
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from sim import tomlio  # noqa: E402
-from sim.latency.kernels import (Arch, elementwise_bytes_per_token, fit_attention_points,  # noqa: E402
+from sim.core import tomlio  # noqa: E402
+from sim.profiling.kernels import (Arch, elementwise_bytes_per_token, fit_attention_points,  # noqa: E402
                                  fit_elementwise, gemm_shapes, layer_errors, leave_one_model_out,
                                  level_oracle_errors, rel_err_summary, VIDUR_OP,
                                  ELEMENTWISE_OPS)
-from sim.latency.profile_io import fit_alpha_beta  # noqa: E402
-from sim.latency.specs import gpu_names, load_gpu  # noqa: E402
+from sim.profiling.profile_io import fit_alpha_beta  # noqa: E402
+from sim.profiling.specs import gpu_names, load_gpu  # noqa: E402
 
 DEFAULT_DATA = REPO.parent / "shared" / "data"
 DEFAULT_OUT = REPO / "profiles" / "kernels"

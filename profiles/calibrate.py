@@ -117,13 +117,13 @@ def simulate(args: tuple) -> dict:
 
 
 def simulate_targets(targets: dict, params: dict, seeds, entries=None) -> dict:
-    from sim.config import config_from_table
+    from sim.core.config import config_from_table
     from sim.engine.run import build_latency, pool_sizes  # noqa: F401  (imported for side effects/registries)
     from sim.engine import run as run_mod
     from sim.latency.analysis import with_overrides
     from sim.latency.profiled import Profile, ProfiledLatencyModel
-    from sim.metrics import summarize
-    from sim.schemes import scheme_table
+    from sim.outputs.metrics import summarize
+    from sim.core.schemes import scheme_table
 
     # the held parameters apply to every simulation of the calibration (explicit params win)
     prof = with_overrides(Profile.load(profile_dir(targets)), **{**FIXED_VALUES, **params})
@@ -140,7 +140,7 @@ def simulate_targets(targets: dict, params: dict, seeds, entries=None) -> dict:
             for seed in seeds:
                 workload = {"name": t["workload"], "rate_rps": float(t["rate_rps"]),
                             "num_requests": int(t["num_requests"])}
-                if "scheme" in t:  # a dynamic-chunk scheme, set up as the experiments do (sim/schemes.py)
+                if "scheme" in t:  # a dynamic-chunk scheme, set up as the experiments do (sim/core/schemes.py)
                     table = scheme_table(t["scheme"], targets["model"], workload, num_gpus=targets["pp"], seed=seed)
                 else:
                     table = {"seed": seed, "parallel": {"pp": targets["pp"], "tp": 1},
@@ -242,11 +242,11 @@ def search(targets: dict, seeds, jobs: int, quick: bool, mode: str, log=print, e
 def goodput(profile: str, pp: int, tp: int, chunk: int, overrides: dict, rates, seed: int = 1,
             workload: str = "azure-conv", num_requests: int = 400, slo: dict | None = None) -> tuple[float, list]:
     """Highest integer rate in `rates` at which P90 TTFT and P90 TPOT meet the SLO (0 if none)."""
-    from sim.config import config_from_table
+    from sim.core.config import config_from_table
     from sim.engine import run as run_mod
     from sim.latency.analysis import with_overrides
     from sim.latency.profiled import Profile, ProfiledLatencyModel
-    from sim.metrics import summarize
+    from sim.outputs.metrics import summarize
 
     prof = with_overrides(Profile.load(REPO / "profiles" / profile), **overrides)
     orig = run_mod.build_latency

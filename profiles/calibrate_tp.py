@@ -28,7 +28,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from sim.sweep import Runner, Search, goodput_searches  # noqa: E402
+from sim.studies.sweep import Runner, Search, goodput_searches  # noqa: E402
 
 PROFILE = REPO / "profiles" / "a100-pcie-40gb" / "qwen2.5-32b" / "tp4"
 BANDS = [6.0, 9.0, 12.0, 16.0, 23.7]

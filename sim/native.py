@@ -3,7 +3,7 @@
 The Python sources are the reference. `python -m sim.native_build` (run by `make native`) compiles
 `MODULES` with mypyc into `build/native/` of the checkout and records each source's SHA-256 in
 `build/native/manifest.txt`. `enable()`, called when `sim` is imported, makes `import
-sim.engine.scheduler` (and the others) load the compiled module only when the manifest's hashes
+sim.engine.schedulers.fastpp` (and the others) load the compiled module only when the manifest's hashes
 equal the sources on disk and a compiled file exists for this interpreter; otherwise the `.py`
 sources load as usual, so an edited source is never shadowed by a stale build.
 `PIPESIM_PURE=1` forces the sources (the test suite does, since some tests patch engine methods,
@@ -22,7 +22,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "build" / "native"
-MODULES = ("sim.engine.state", "sim.engine.scheduler", "sim.engine.pipeline", "sim.engine.view", "sim.engine.records",
+MODULES = ("sim.engine.state", "sim.engine.schedulers.fastpp", "sim.engine.pipeline", "sim.engine.view", "sim.engine.records",
            "sim.latency.variance", "sim.latency.stagetimer", "sim.policies.rls")
 GROUP = "pipesim_native"  # mypyc's shared library is the module GROUP + "__mypyc"
 FILES = (*MODULES, GROUP + "__mypyc")  # the compiled files a build holds, by module name

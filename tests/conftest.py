@@ -11,8 +11,8 @@ os.environ["PIPESIM_PURE"] = "1"
 
 import pytest
 
-from sim.config import config_from_table
-from sim.engine.scheduler import Scheduler
+from sim.core.config import config_from_table
+from sim.engine.schedulers.fastpp import Scheduler
 from sim.engine.state import Req
 
 REPO = Path(__file__).resolve().parents[1]

@@ -146,12 +146,12 @@ def test_bad_input_is_one_line_exit_2(name, argv, needles, files, capsys, monkey
 
 
 def test_a_bug_is_one_line_and_exit_1(monkeypatch, capsys):
-    import sim.cli
+    import sim.cli.list as list_command
 
     def broken(_args):
         return {}["missing"]
 
-    monkeypatch.setattr(sim.cli, "cmd_list", broken)
+    monkeypatch.setattr(list_command, "cmd_list", broken)
     code = main(["list"])
     err = capsys.readouterr().err
     assert code == 1 and len(err.strip().splitlines()) == 1

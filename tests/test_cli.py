@@ -119,8 +119,8 @@ def test_bad_command_arguments_are_one_line_and_exit_2(tmp_path, capsys, argv, n
 
 
 def test_unknown_scheme_names_the_allowed_ones():
-    from sim.errors import ConfigError
-    from sim.schemes import scheme_table
+    from sim.core.errors import ConfigError
+    from sim.core.schemes import scheme_table
 
     with pytest.raises(ConfigError, match="unknown scheme 'DCP_magic'; allowed: TP, PP_<c>"):
         scheme_table("DCP_magic", "qwen2.5-32b", {"name": "sharegpt"})

@@ -9,8 +9,8 @@ import pytest
 from conftest import make_config
 
 from sim.cli import main
-from sim.compare import compare_table, load_run
-from sim.context import describe, format_header
+from sim.outputs.compare import compare_table, load_run
+from sim.outputs.context import describe, format_header
 from sim.workloads import build_workload
 
 FAST = """seed = 1

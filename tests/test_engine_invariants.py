@@ -6,9 +6,9 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sim.engine import scheduler as sched_mod
+from sim.engine.schedulers import fastpp as sched_mod
 from sim.engine.run import run
-from sim.metrics import iterations_frame, requests_frame
+from sim.outputs.metrics import iterations_frame, requests_frame
 
 from conftest import make_config
 

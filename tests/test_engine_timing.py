@@ -9,7 +9,7 @@ import simpy
 from sim.engine.pipeline import Pipeline
 from sim.engine.run import run
 from sim.latency.base import BatchStats, StepTime
-from sim.metrics import iterations_frame, requests_frame, summarize
+from sim.outputs.metrics import iterations_frame, requests_frame, summarize
 from sim.policies.static import StaticChunk
 from sim.workloads import RequestSpec
 

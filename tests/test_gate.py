@@ -11,12 +11,12 @@ import shlex
 import pytest
 
 from conftest import REPO
-from sim import plugins
+from sim.core import plugins
 from sim.cli import main
-from sim.config import config_from_table, load_table
+from sim.core.config import config_from_table, load_table
 from sim.engine.run import run
-from sim.gate import compare, holds, overall, paired_t_ci, seeds_needed, verdict_of
-from sim.gate_cli import parse_margin, side_table
+from sim.studies.gate import compare, holds, overall, paired_t_ci, seeds_needed, verdict_of
+from sim.cli.gate import parse_margin, side_table
 from sim.policies import chunk_policies
 from sim.workloads import build_workload
 
@@ -152,11 +152,11 @@ def test_overlay_side(tmp_path):
                   '[scheduler]\nchunk_policy = { name = "greedy", params = { signal_stat = "p90" } }\n')
     base = load_table(DEFAULT)
     base["scheduler"]["chunk_policy"] = {"name": "static", "params": {"chunk_size_tokens": 7}}
-    base["plugins"] = {"modules": ["sim.policies.accuracy"]}  # as --plugin would add it
+    base["plugins"] = {"modules": ["sim.studies.accuracy"]}  # as --plugin would add it
     label, t = side_table(str(ov), base, "--candidate")
     assert label == "mine"
     assert t["scheduler"]["chunk_policy"] == {"name": "greedy", "params": {"signal_stat": "p90"}}  # not merged
-    assert t["plugins"]["modules"] == ["sim.policies.accuracy", str(tmp_path / "pol.py")]
+    assert t["plugins"]["modules"] == ["sim.studies.accuracy", str(tmp_path / "pol.py")]
     assert "ov-static" in chunk_policies.names()
 
 

@@ -9,15 +9,15 @@ import math
 import numpy as np
 import pytest
 
-from sim.config import config_from_table
+from sim.core.config import config_from_table
 from sim.engine.run import run
 from sim.latency import variance as variance_mod
 from sim.latency.analysis import with_overrides
 from sim.latency.base import BatchStats
 from sim.latency.profiled import Profile, ProfiledLatencyModel
 from sim.latency.variance import IterationNoise, VarianceParams, sample_factors
-from sim.metrics import summarize
-from sim.schemes import scheme_table
+from sim.outputs.metrics import summarize
+from sim.core.schemes import scheme_table
 
 from conftest import REPO
 

@@ -1,4 +1,4 @@
-"""The kernel cost model (sim/latency/kernels.py) and its committed data (profiles/kernels/)."""
+"""The kernel cost model (sim/profiling/kernels.py) and its committed data (profiles/kernels/)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 
 from conftest import REPO, SHARED_DATA
-from sim.latency.kernels import (Arch, KernelModel, elementwise_bytes_per_token, fit_attention_points,
+from sim.profiling.kernels import (Arch, KernelModel, elementwise_bytes_per_token, fit_attention_points,
                                  fit_elementwise, gemm_shapes, layer_errors, leave_one_model_out,
                                  level_oracle_errors, predict_gemm, rel_err_summary, roofline_s, wave_utilisation)
 
@@ -229,7 +229,7 @@ def test_build_kernels_check_reproduces_committed_data():
 def test_attention_scaling_ratios_agree_with_the_datasheets(family, gpu):
     """The measured GEMM time ratios behind the scaled attention agree with the peak-FLOPs and HBM-bandwidth
     ratios of the GPU TOMLs (A100 80GB SXM as the reference) within 15%."""
-    from sim.latency.specs import load_gpu
+    from sim.profiling.specs import load_gpu
 
     att = KernelModel.load(family).meta["attention"]
     ref, g = load_gpu("a100-sxm-80gb"), load_gpu(gpu)

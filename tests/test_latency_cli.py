@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 
 from sim.cli import main as ppsim
-from sim.errors import DataError, PipeSimError
+from sim.core.errors import DataError, PipeSimError
 from sim.latency.profiled import Profile, ProfiledLatencyModel
 
 REPO = Path(__file__).resolve().parents[1]
@@ -175,7 +175,7 @@ def test_import_vidur_tp2_uses_all_reduce_rows(tmp_path):
     src.mkdir()
     tiny_mlp(src)
     tiny_network(src)
-    prof, report = __import__("sim.latency.vidur_import", fromlist=["x"]).import_vidur(
+    prof, report = __import__("sim.profiling.vidur_import", fromlist=["x"]).import_vidur(
         src, model_toml(tmp_path, tp=2), tmp_path / "o")
     assert any("roofline" in line for line in report)       # no attention.csv: assumed, and said so
     assert "attention_assumed" in prof.meta["derivation"]
@@ -206,7 +206,7 @@ def test_import_vidur_errors(tmp_path, breakage, msg, capsys):
 
 
 def test_model_config_errors(tmp_path):
-    from sim.latency.profile_io import read_model_config
+    from sim.profiling.profile_io import read_model_config
 
     p = tmp_path / "m.toml"
     p.write_text("tp = 1\n[model]\nnum_layers = 2\n")
@@ -221,7 +221,7 @@ def test_model_config_errors(tmp_path):
 
 @pytest.mark.skipif(not (INTERNLM / "mlp.csv").is_file(), reason=f"Vidur data not found at {INTERNLM}")
 def test_import_vidur_internlm_shared_data(tmp_path):
-    from sim.latency.vidur_import import import_vidur
+    from sim.profiling.vidur_import import import_vidur
 
     cfg = model_toml(tmp_path, tp=1, name="internlm-20b", layers=60, hidden=5120, q=40, kv=40, d=128, ffn=13824)
     prof, _ = import_vidur(INTERNLM, cfg, tmp_path / "ilm", network=VIDUR / "network" / "a100_dgx")
@@ -256,7 +256,7 @@ def test_collect_without_torch_says_how_to_install(tmp_path, monkeypatch, capsys
 
 @pytest.mark.skipif(not HAS_TORCH, reason="PyTorch not installed (optional extra 'profile'): collect is not run")
 def test_collect_cpu_tiny(tmp_path):
-    from sim.latency.collect import collect
+    from sim.profiling.collect import collect
 
     prof = collect(model_toml(tmp_path), tmp_path / "c", device="cpu", quick=True, log=lambda *_: None)
     meta = prof.meta

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from sim.errors import DataError
+from sim.core.errors import DataError
 from sim.latency.analysis import bubble_ms, load_model, micro_benchmarks, prefill_ms, split_ms
 from sim.latency.base import BatchStats
 from sim.latency.profiled import CommCurve, Profile, ProfiledLatencyModel

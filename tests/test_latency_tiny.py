@@ -6,7 +6,7 @@ import pytest
 
 from sim.engine.run import build_latency, run
 from sim.latency.base import BatchStats
-from sim.metrics import iterations_frame, requests_frame
+from sim.outputs.metrics import iterations_frame, requests_frame
 
 from conftest import TINY_PROFILE, make_config
 

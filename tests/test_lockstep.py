@@ -9,8 +9,8 @@ import pytest
 
 from sim.engine.lockstep import Lockstep, LockstepChunkPolicy, LockstepGuard, LockstepRebalancer
 from sim.policies.base import ChunkDecision, Move
-from sim.schemes import scheme_table
-from sim.sweep import Runner, evaluate, evaluate_siblings, point_id
+from sim.core.schemes import scheme_table
+from sim.studies.sweep import Runner, evaluate, evaluate_siblings, point_id
 
 SCALES = (1.0, 0.8, 0.5, 0.3)
 
@@ -170,7 +170,7 @@ def test_chunk_siblings_at_low_load_are_served_and_grouped():
     runner = Runner(None, jobs=1, progress=False)
     tasks = runner._tasks({point_id(t): t for t in tables})
     assert len(tasks) == 1 and tasks[0][0] == point_id(tables[2])  # the largest chunk runs for real
-    from sim.config import config_from_table
+    from sim.core.config import config_from_table
     from sim.engine.run import run
 
     ex = run(config_from_table(tables[2])).extras

@@ -7,7 +7,7 @@ from __future__ import annotations
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sim.engine.scheduler import PrefillAdder
+from sim.engine.schedulers.fastpp import PrefillAdder
 
 from conftest import make_req, make_sched
 

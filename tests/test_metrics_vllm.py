@@ -15,9 +15,9 @@ import pandas as pd
 import pytest
 from conftest import make_config
 
-from sim.bench_metrics import bench_metrics
+from sim.outputs.bench_metrics import bench_metrics
 from sim.engine.run import run
-from sim.metrics import requests_frame, summarize
+from sim.outputs.metrics import requests_frame, summarize
 
 
 def vllm_calculate_metrics(outputs, dur_s, goodput):

@@ -10,8 +10,9 @@ from importlib.machinery import EXTENSION_SUFFIXES
 
 import pytest
 
-from sim import native, tomlio
-from sim.schemes import scheme_table
+from sim import native
+from sim.core import tomlio
+from sim.core.schemes import scheme_table
 
 from conftest import REPO
 
@@ -34,7 +35,7 @@ def test_a_build_of_the_current_sources_is_fresh(tmp_path):
 
 def test_an_edited_source_makes_the_build_stale(tmp_path):
     digests = native.source_digests()
-    digests["sim.engine.scheduler"] = "0" * 64  # built from another version of the source
+    digests["sim.engine.schedulers.fastpp"] = "0" * 64  # built from another version of the source
     _fake_build(tmp_path, digests)
     assert native.fresh_build(tmp_path) is None
 
@@ -51,10 +52,10 @@ def test_a_missing_compiled_file_or_manifest_means_no_build(tmp_path):
 
 
 def test_the_suite_runs_the_python_sources():
-    import sim.engine.scheduler as sched_mod
+    import sim.engine.schedulers.fastpp as sched_mod
 
     assert os.environ["PIPESIM_PURE"] == "1"
-    assert sched_mod.__file__.endswith("scheduler.py") and not native.active()
+    assert sched_mod.__file__.endswith("fastpp.py") and not native.active()
 
 
 # Varied runs that need no trace file: static and dynamic chunks, delay scheduling, TP, both
@@ -109,8 +110,8 @@ def test_the_compiled_engine_gives_the_same_bytes(case, tmp_path):
 _SIBLINGS = """
 import json, sys
 from sim import native
-from sim.schemes import scheme_table
-from sim.sweep import evaluate_siblings
+from sim.core.schemes import scheme_table
+from sim.studies.sweep import evaluate_siblings
 wl = {"name": "sharegpt", "num_requests": 150, "rate_rps": 3.0}
 groups = [[scheme_table("DCP_pred+DS", "qwen2.5-32b", wl, seed=1, slo_scale=s) for s in (1.0, 0.8, 0.5)],
           [scheme_table(f"PP_{c}", "qwen2.5-32b", wl, seed=1) for c in (1024, 512, 256)]]

@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 
 from sim.cli import main
-from sim.csvout import write_csv
+from sim.outputs.csvout import write_csv
 
 
 def _same_as_pandas(df: pd.DataFrame, tmp_path) -> None:

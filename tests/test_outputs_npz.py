@@ -8,8 +8,8 @@ import pandas as pd
 import pytest
 
 from sim.cli import main
-from sim.compare import load_run
-from sim.npzout import read_npz, read_table, write_npz
+from sim.outputs.compare import load_run
+from sim.outputs.npzout import read_npz, read_table, write_npz
 
 
 def test_round_trip_keeps_values_dtypes_and_column_order(tmp_path):

@@ -9,9 +9,9 @@ import pytest
 
 from sim.cli import main
 from sim.engine.run import run
-from sim.metrics import summarize
-from sim.report import make_report
-from sim.saturation import saturation
+from sim.outputs.metrics import summarize
+from sim.outputs.report import make_report
+from sim.outputs.saturation import saturation
 
 from conftest import REPO, make_config
 
@@ -41,7 +41,7 @@ def test_exit_fails_like_the_artifact_and_retract_keeps_serving(table, what):
 
 
 def test_bad_on_kv_exhausted_names_the_allowed_values():
-    from sim.errors import ConfigError
+    from sim.core.errors import ConfigError
 
     with pytest.raises(ConfigError, match=r"\[server\] on_kv_exhausted must be one of: exit, retract; got 'die'"):
         make_config(server={"on_kv_exhausted": "die"})
@@ -141,7 +141,7 @@ def test_saturated_run_says_so_in_summary_and_report(tmp_path, capsys):
 
 
 def test_failed_run_is_the_first_thing_the_report_says(tmp_path):
-    from sim.metrics import iterations_frame, requests_frame
+    from sim.outputs.metrics import iterations_frame, requests_frame
 
     res = run(make_config(**PREFILL_OOM))
     out = tmp_path / "f"
@@ -156,7 +156,7 @@ def test_failed_run_is_the_first_thing_the_report_says(tmp_path):
 
 
 def test_stage_layers_rule():
-    from sim.errors import ConfigError
+    from sim.core.errors import ConfigError
     from sim.latency.profiled import stage_layers
 
     assert stage_layers(64, 3) == [21, 21, 22]

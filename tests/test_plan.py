@@ -10,11 +10,11 @@ import pandas as pd
 import pytest
 
 from sim.cli import main
-from sim.config import REPO_ROOT, config_from_table
+from sim.core.config import REPO_ROOT, config_from_table
 from sim.latency.profiled import Profile, ProfiledLatencyModel, kv_capacity_tokens
-from sim.plan import (POLICIES, cost_per_million, family_dir, like_for_like, resolve_profile, splits,
+from sim.studies.plan import (POLICIES, cost_per_million, family_dir, like_for_like, resolve_profile, splits,
                       throughput_bound_rps)
-from sim.verdict import family, rank, verdict
+from sim.studies.verdict import family, rank, verdict
 
 PCIE = REPO_ROOT / "profiles" / "a100-pcie-40gb"
 NVLINK = REPO_ROOT / "profiles" / "a100-sxm-80gb-nvswitch"
@@ -40,7 +40,7 @@ def test_family_names():
 
 def test_throughput_bound_is_never_beaten_by_the_simulator():
     from sim.engine.run import run
-    from sim.metrics import summarize
+    from sim.outputs.metrics import summarize
 
     table = {"seed": 1, "parallel": {"pp": 2, "tp": 1}, "scheduler": {"chunk_size_tokens": 512},
              "latency": {"profile": "profiles/a100-pcie-40gb/qwen2.5-14b/tp1"},
@@ -222,7 +222,7 @@ def test_plan_bad_inputs_are_one_line(tmp_path, capsys):
 
 
 def test_warnings_a_planner_needs():
-    from sim.plan import _warnings
+    from sim.studies.plan import _warnings
 
     w = _warnings({"status": "ok", "kv_headroom": 0.03, "seeds_meeting": 2.0, "num_seeds": 3.0}, "rate")
     assert "KV headroom 3.0% < 5% at the operating point" in w and "meets the SLOs on 2 of 3 seeds only" in w
@@ -234,7 +234,7 @@ def test_warnings_a_planner_needs():
 def test_splits_use_built_profiles_for_tp8_and_say_why_weights_do_not_fit():
     """Issue 11 in plan: a split without a hand-built profile takes a built one (TP8 on 8 A100s);
     a split whose weights cannot fit says so in GB, not as an empty KV pool."""
-    from sim.plan import family_dir, splits
+    from sim.studies.plan import family_dir, splits
 
     sp = {(s.replicas, s.tp, s.pp): s for s in splits(family_dir("a100-pcie-40gb"), "pcie", "qwen2.5-32b", 8)}
     assert sp[(1, 8, 1)].profile == "profiles/built/a100-pcie-40gb/qwen2.5-32b/tp8" and not sp[(1, 8, 1)].reason

@@ -10,11 +10,11 @@ import textwrap
 import pytest
 
 from conftest import REPO
-from sim import plugins
+from sim.core import plugins
 from sim.cli import main
-from sim.config import config_from_table, load_config
+from sim.core.config import config_from_table, load_config
 from sim.engine.run import run
-from sim.errors import PluginError
+from sim.core.errors import PluginError
 from sim.policies import API_VERSION, chunk_policies, rebalancers
 
 SMALL_TOML = """\
@@ -161,7 +161,7 @@ def test_config_plugins_table_is_relative_to_the_config(tmp_path):
 
 
 def _evaluate_in_fresh_process(table):
-    from sim.sweep import evaluate
+    from sim.studies.sweep import evaluate
 
     return evaluate(table)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from sim.errors import ConfigError
+from sim.core.errors import ConfigError
 from sim.policies import rebalancers
 from sim.policies.delay import DelayScheduling
 from test_policies_fakes import FakeView, apply_moves, batch, ctx, running

@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 
 from conftest import REPO
-from sim.config import load_config
+from sim.core.config import load_config
 from sim.engine.run import run
-from sim.gate import compare
-from sim.metrics import summarize
+from sim.studies.gate import compare
+from sim.outputs.metrics import summarize
 
 SEEDS = (1, 2, 3)
 SCHEMES = {
@@ -92,7 +92,7 @@ def test_delay_scheduling_costs_alp_no_tpot(results):
 
 
 def test_accuracy_table_columns():
-    from sim.policies.accuracy import predictor_accuracy
+    from sim.studies.accuracy import predictor_accuracy
 
     cfg = load_config(REPO / "experiments/configs/default.toml", [
         "scheduler.chunk_size_tokens=128", 'scheduler.chunk_policy={name="predictive"}',

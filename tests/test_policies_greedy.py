@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from sim.errors import ConfigError
+from sim.core.errors import ConfigError
 from sim.policies import chunk_policies
 from sim.policies.greedy import GreedyChunk, safety_guard, watermark_chunk
 from test_policies_fakes import FakeView, batch, ctx

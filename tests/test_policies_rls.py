@@ -89,8 +89,8 @@ def test_tie_break_uses_theta_after_warm_up():
 
 
 def test_alp_beats_the_offline_table_on_a_simulated_run():
-    from sim.config import load_config
-    from sim.policies.accuracy import accuracy_table, collect_samples
+    from sim.core.config import load_config
+    from sim.studies.accuracy import accuracy_table, collect_samples
 
     cfg = load_config("experiments/configs/default.toml", [
         "scheduler.chunk_size_tokens=128", 'scheduler.chunk_policy={name="predictive"}',

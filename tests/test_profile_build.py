@@ -10,11 +10,11 @@ import pytest
 
 from conftest import REPO
 from sim.cli import main as ppsim
-from sim.errors import DataError
-from sim.latency.build import BUILT_DIR, build_profile, built_dir
-from sim.latency.library import built_profile_lines, check_weights, resolve_profile
+from sim.core.errors import DataError
+from sim.profiling.build import BUILT_DIR, build_profile, built_dir
+from sim.profiling.library import built_profile_lines, check_weights, resolve_profile
 from sim.latency.profiled import Profile, ProfiledLatencyModel
-from sim.latency.specs import (gpu_names, interconnect_names, load_gpu, load_interconnect, load_model,
+from sim.profiling.specs import (gpu_names, interconnect_names, load_gpu, load_interconnect, load_model,
                                model_from_hf_config, model_names, weights_gib_per_gpu)
 
 HF = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_act": "silu", "hidden_size": 2048,
@@ -151,8 +151,8 @@ def test_build_from_config_json_then_run_pp2_on_h100(tmp_path, capsys):
 
 
 def test_hand_built_run_says_so(tmp_path):
-    from sim.config import load_config
-    from sim.latency.provenance import profile_source
+    from sim.core.config import load_config
+    from sim.profiling.provenance import profile_source
 
     cfg = load_config(REPO / "experiments" / "configs" / "default.toml", [])
     assert profile_source(cfg).startswith("hand-built: A100-80GB (Vidur profile) on A100-40GB-PCIe")
@@ -161,7 +161,7 @@ def test_hand_built_run_says_so(tmp_path):
 def test_built_profile_composes_by_hand(tmp_path):
     """Stage time of a built profile = the kernel model's layer sum x layers, with the meta's scaling."""
     from sim.latency.base import BatchStats
-    from sim.latency.kernels import KernelModel
+    from sim.profiling.kernels import KernelModel
 
     m = load_model("mistral-7b")
     prof = build_profile(m, load_gpu("a100-sxm-80gb"), load_interconnect("nvswitch"), 1, tmp_path / "p")
@@ -196,7 +196,7 @@ def test_built_profiles_carry_the_hand_built_ground_truth(tmp_path):
 
 
 def test_ground_truth_keys_are_copied_not_listed(tmp_path, monkeypatch):
-    import sim.latency.build as b
+    import sim.profiling.build as b
 
     src = tmp_path / "profiles" / b.GROUND_TRUTH_PROFILE
     src.parent.mkdir(parents=True)

@@ -32,7 +32,7 @@ def test_every_term_is_printed_with_its_status(tmp_path, capsys):
     assert lines["lm_head_ms"].endswith("default, not yet fitted")
     fits, overhead = fit_status(tmp_path / "o")
     assert fits["cpu_ms"] == (1.5, "user-supplied (--overhead)")
-    from sim.latency.provenance import profile_source_of
+    from sim.profiling.provenance import profile_source_of
 
     assert profile_source_of(str(tmp_path / "o")).startswith("imported (ppsim profile import-vidur): Vidur profile")
     assert overhead["sample_ms"] == 0.5 and overhead["lm_head_ms"] == 1.0

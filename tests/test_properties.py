@@ -14,8 +14,8 @@ from collections import Counter
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sim.config import config_from_table
-from sim.engine import scheduler as sched_mod
+from sim.core.config import config_from_table
+from sim.engine.schedulers import fastpp as sched_mod
 from sim.engine.run import run
 from sim.engine.state import FINISHED, WAITING
 
@@ -81,7 +81,7 @@ class Watch:
 
         sched_mod.Scheduler.add_waiting = add_waiting
         # A decode's KV slot is charged to the pool when its batch forms and to the request when
-        # its token returns (sim/engine/scheduler.py): count the slots in between.
+        # its token returns (sim/engine/schedulers/fastpp.py): count the slots in between.
         self.in_flight: dict[int, int] = {}
 
         def alloc_decode(s, reqs, what, now_s, ctx=None):

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from sim.engine.run import run
-from sim.errors import ConfigError
-from sim.metrics import iterations_frame, requests_frame, summarize
+from sim.core.errors import ConfigError
+from sim.outputs.metrics import iterations_frame, requests_frame, summarize
 
 from conftest import make_config
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from sim.engine.scheduler import MIN_NEW_TOKEN_RATIO
+from sim.engine.schedulers.fastpp import MIN_NEW_TOKEN_RATIO
 from sim.engine.state import DECODE, EXTEND, MIXED
 
 from conftest import make_req, make_sched

@@ -6,13 +6,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from sim.config import config_from_table
+from sim.core.config import config_from_table
 from sim.engine.pipeline import SLOGuard
 from sim.engine.state import Req
-from sim.errors import ConfigError
-from sim.metrics import _stats, meets_slo
-from sim.slo import SLO, need_over, need_under, parse_slo_spec, pkey, slo_from_specs, slo_overrides
-from sim.sweep import Runner, Search, goodput_searches, parse_rates
+from sim.core.errors import ConfigError
+from sim.outputs.metrics import _stats, meets_slo
+from sim.core.slo import SLO, need_over, need_under, parse_slo_spec, pkey, slo_from_specs, slo_overrides
+from sim.studies.sweep import Runner, Search, goodput_searches, parse_rates
 
 from conftest import REPO
 
@@ -175,7 +175,7 @@ def _small(rate, slo):
 
 def test_guarded_run_reaches_the_same_verdict_at_p99():
     from sim.engine.run import run
-    from sim.metrics import summarize
+    from sim.outputs.metrics import summarize
 
     slo = {"ttft_ms": 400.0, "ttft_percentile": 99.0, "tpot_ms": 60.0, "tpot_percentile": 99.0}
     for rate in (4.0, 30.0):
@@ -186,7 +186,7 @@ def test_guarded_run_reaches_the_same_verdict_at_p99():
         if res.status == "stopped":
             assert "P99" in res.reason and not full["meets_slo"]
     # the summary carries a percentile only the SLO names
-    from sim.metrics import requests_frame
+    from sim.outputs.metrics import requests_frame
 
     res = run(config_from_table(_small(2.0, {"ttft_ms": 400.0, "ttft_percentile": 95.0})))
     s, df = summarize(res), requests_frame(res)

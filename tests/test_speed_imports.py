@@ -1,5 +1,5 @@
 """`ppsim --help` and `ppsim list` start without the heavy libraries (pandas, matplotlib, scipy,
-numpy, ray, simpy): they are imported on first use (sim/lazy.py), so both commands are instant."""
+numpy, ray, simpy): they are imported on first use (sim/core/lazy.py), so both commands are instant."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from sim.lazy import lazy
+from sim.core.lazy import lazy
 
 ROOT = Path(__file__).resolve().parents[1]
 HEAVY = ("pandas", "matplotlib", "scipy", "numpy", "ray", "simpy")

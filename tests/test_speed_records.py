@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from sim.engine.records import COLUMNS, IterationLog
-from sim.engine.scheduler import PrefillAdder, Scheduler
+from sim.engine.schedulers.fastpp import PrefillAdder, Scheduler
 from sim.engine.state import Req
 from sim.latency.base import BatchStats
 from sim.latency.profiled import Profile, ProfiledLatencyModel

@@ -12,7 +12,7 @@ import pytest
 from sim.engine import requests as requests_mod
 from sim.engine.requests import ItlCounts, ItlPool
 from sim.engine.run import run
-from sim.metrics import requests_frame, summarize
+from sim.outputs.metrics import requests_frame, summarize
 
 from conftest import make_config
 

@@ -1,4 +1,4 @@
-"""Project rules that a grep can check: no global RNG outside sim/rng.py, no simpy in policies."""
+"""Project rules that a grep can check: no global RNG outside sim/core/rng.py, no simpy in policies."""
 
 from __future__ import annotations
 

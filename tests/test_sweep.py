@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sim.sweep import Runner, Search, evaluate, goodput_searches, mean_ci, meets_slo, point_id
+from sim.studies.sweep import Runner, Search, evaluate, goodput_searches, mean_ci, meets_slo, point_id
 
 from conftest import make_config
 
@@ -143,9 +143,9 @@ def test_lazy_sweep_finds_the_same_goodput_with_fewer_runs(threshold):
 
 
 def test_stop_when_violated_ends_overloaded_runs_early_without_changing_the_verdict():
-    from sim.config import config_from_table
+    from sim.core.config import config_from_table
     from sim.engine.run import run
-    from sim.metrics import summarize
+    from sim.outputs.metrics import summarize
 
     base = small_table(200.0)
     base["workload"]["num_requests"] = 300
@@ -166,10 +166,10 @@ def test_stop_when_violated_ends_overloaded_runs_early_without_changing_the_verd
 def test_a_sweep_run_keeps_no_gaps_and_returns_the_same_summary():
     """Sweeps run without inter-token gaps (`run(itls=False)`): what a sweep keeps (`_plain`)
     is the same, value for value; only the `*_itl_ms` names and max_itl_ms are left out."""
-    from sim.config import config_from_table
+    from sim.core.config import config_from_table
     from sim.engine.run import run
-    from sim.metrics import requests_frame, summarize
-    from sim.sweep import _plain
+    from sim.outputs.metrics import requests_frame, summarize
+    from sim.studies.sweep import _plain
 
     t = small_table(4.0)
     t["slo"] = {"ttft_ms": 2000.0, "tpot_ms": 200.0, "ttft_percentile": 95.0}
@@ -204,9 +204,9 @@ def test_stopping_once_the_verdict_is_certain_never_changes_it(rate, slo):
     """Across loads from idle to overload (where early arrivals are served well and late ones
     are not, the late-arrival check's case), a run with both early stops gives the full run's
     verdict, and stops "met" only where the full run passes."""
-    from sim.config import config_from_table
+    from sim.core.config import config_from_table
     from sim.engine.run import run
-    from sim.metrics import summarize
+    from sim.outputs.metrics import summarize
 
     t = small_table(rate)
     t["workload"].update(num_requests=150, output_range=[2, 120])
@@ -223,11 +223,11 @@ def test_a_run_certain_to_meet_its_slo_stops_with_the_full_runs_verdict():
     all requests and over the late arrivals, is certain, after the last arrival; its verdict is
     the full run's. A failing run is unchanged, and it never stands for a sibling at another SLO
     (tests/test_slo.py: the arrival and KV pool conditions)."""
-    from sim.config import config_from_table
+    from sim.core.config import config_from_table
     from sim.engine.run import run
-    from sim.metrics import summarize
-    from sim.slo import SLO
-    from sim.sweep import _sibling_groups
+    from sim.outputs.metrics import summarize
+    from sim.core.slo import SLO
+    from sim.studies.sweep import _sibling_groups
 
     t = small_table(2.0)
     t["workload"].update(num_requests=300, output_range=[2, 200])
@@ -263,7 +263,7 @@ def test_grid_only_search_is_the_highest_rate_below_the_first_failure():
 # -- sustainable goodput (fidelity issue): a burst the server absorbs is not a goodput -------------------------
 
 def test_with_rate_holds_the_arrival_window():
-    from sim.sweep import with_rate
+    from sim.studies.sweep import with_rate
 
     t = {"workload": {"name": "x", "num_requests": 400}}
     assert with_rate(t, 5.0, 40.0)["workload"]["num_requests"] == 400       # 5 x 40 s = 200 < 400
@@ -322,7 +322,7 @@ def test_late_arrivals_must_meet_the_slo_too():
 def test_late_window_hand_calculation():
     import pandas as pd
 
-    from sim.metrics import late_arrivals
+    from sim.outputs.metrics import late_arrivals
 
     df = pd.DataFrame({"arrival_s": [0.0, 10.0, 70.0, 75.0, 76.0, 100.0]})
     # window [0, 100]: the last quarter starts at 75 s

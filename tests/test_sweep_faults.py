@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from sim.sweep import Runner, point_id
+from sim.studies.sweep import Runner, point_id
 
 from conftest import REPO
 

@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 
 from sim.cli import main
-from sim.config import load_config
+from sim.core.config import load_config
 from sim.engine.run import run
-from sim.errors import DataError
-from sim.metrics import summarize
-from sim.validate import log_requests, read_bench_log
+from sim.core.errors import DataError
+from sim.outputs.metrics import summarize
+from sim.studies.validate import log_requests, read_bench_log
 
 FAST = """seed = 1
 [parallel]

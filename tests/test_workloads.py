@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from sim.errors import ConfigError
+from sim.core.errors import ConfigError
 from sim.workloads import WORKLOADS_DIR, available_workloads, build_workload, workload_kinds
 
 NAMED = [

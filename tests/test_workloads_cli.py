@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from sim.errors import ConfigError
-from sim.workloads.cli import add_workload_commands, main, parse_set
+from sim.core.errors import ConfigError
+from sim.cli.workload import add_commands, main, parse_set
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 AZURE = SHARED / "azure-llm-inference-2023"
@@ -102,7 +102,7 @@ def test_missing_trace_message(capsys, tmp_path, monkeypatch):
 def test_plugs_into_an_outside_parser_with_examples():
     parser = argparse.ArgumentParser(prog="ppsim")
     sub = parser.add_subparsers(dest="command")
-    add_workload_commands(sub)
+    add_commands(sub)
     args = parser.parse_args(["workload", "stats", "cnn", "--json", "--seed", "3"])
     assert callable(args.func) and args.json and args.seed == 3
     wl = sub.choices["workload"]

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from sim.errors import ConfigError, DataError
+from sim.core.errors import ConfigError, DataError
 from sim.workloads import build_workload
 from sim.workloads.fetch import DOWNLOADS, cache_dir, fetch, sha256_of
 

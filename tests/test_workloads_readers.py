@@ -10,7 +10,7 @@ import math
 import pytest
 
 from sim.cli import main
-from sim.errors import PipeSimError
+from sim.core.errors import PipeSimError
 from sim.workloads import build_workload
 from sim.workloads.readers import detect_format
 from sim.workloads.stats import describe_requests

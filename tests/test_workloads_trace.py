@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from sim.errors import ConfigError, DataError, PipeSimError
+from sim.core.errors import ConfigError, DataError, PipeSimError
 from sim.workloads import build_workload
 from sim.workloads.stats import describe_requests, workload_stats
 

@@ -11,7 +11,7 @@ and its own early-stop guard, checked at the real guard's check points without s
 anything. The first time an alternate's decision differs from the real one (the chunk it
 leaves in force; with a rebalancer also the published TPOT signal and every move), it is
 dropped. An alternate still standing at the end, whose guard never tripped, would have made
-this very run: its summary is this run's, summarised with its SLO (`sim.sweep`). Goodput
+this very run: its summary is this run's, summarised with its SLO (`sim.studies.sweep`). Goodput
 studies over SLO scales use this: at low rates the dynamic policies often never decide
 differently across scales, and each scale's run would otherwise be simulated again.
 """

@@ -19,15 +19,15 @@ from typing import Any, ClassVar
 import simpy
 from simpy.events import NORMAL
 
-from sim.engine.scheduler import INIT_NEW_TOKEN_RATIO, RunFailed, Scheduler
+from sim.engine.schedulers.fastpp import INIT_NEW_TOKEN_RATIO, RunFailed, Scheduler
 from sim.engine.records import IterationLog
 from sim.engine.requests import RequestTable
 from sim.engine.state import Req
 from sim.engine.view import SchedulerView, batch_info
-from sim.lazy import lazy
-from sim.slo import late_from_s, need_over, need_under
+from sim.core.lazy import lazy
+from sim.core.slo import late_from_s, need_over, need_under
 
-np = lazy("numpy")  # imported on first use (sim/lazy.py)
+np = lazy("numpy")  # imported on first use (sim/core/lazy.py)
 
 INF = float("inf")
 
@@ -86,12 +86,12 @@ class SLOGuard:
     token, its TPOT once (now - first token) / (output - 1) exceeds the SLO (TPOT only grows
     while it decodes), and its E2E once it has been in the system longer than the SLO.
     numpy's q-th percentile of n values exceeds x once n - floor((n - 1) q / 100) of them do
-    (`sim.slo.need_over`).
+    (`sim.core.slo.need_over`).
 
     With `kv_tokens` (`[slo] stop_when_met`, a RequestTable) it also trips, outcome "met", once
     the run is certain to meet the SLO: every percentile, over all requests and over the late
-    arrivals (sim.slo.meets), has enough finished requests within its threshold
-    (`sim.slo.need_under`; counted with a relative margin of 1e-9, so that the interpolated
+    arrivals (sim.core.slo.meets), has enough finished requests within its threshold
+    (`sim.core.slo.need_under`; counted with a relative margin of 1e-9, so that the interpolated
     percentile cannot round above it), every request has arrived, and the KV pool can hold every
     live request at its full length (so the rest of the run can neither exhaust it nor leave a
     request stuck, the two ways a run fails)."""

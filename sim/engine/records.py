@@ -31,7 +31,7 @@ COLUMNS = {
     "num_waiting": "q", "num_running": "q", "host_s": "d",
 }
 
-# the columns `sim.metrics.summarize` reads (besides the stage busy times and the replica)
+# the columns `sim.outputs.metrics.summarize` reads (besides the stage busy times and the replica)
 SUMMARY_COLUMNS = ("start_s", "end_s", "mode", "prefill_tokens", "kv_used_tokens", "num_waiting")
 
 

@@ -21,14 +21,14 @@ import math
 from array import array
 from dataclasses import dataclass
 
-from sim.lazy import lazy
+from sim.core.lazy import lazy
 
 from sim.engine.state import FINISHED, RUNNING, WAITING, Req
 
 STATES = (WAITING, RUNNING, FINISHED)
 _STATE_CODE = {s: i for i, s in enumerate(STATES)}
 
-np = lazy("numpy")  # imported on first use (sim/lazy.py)
+np = lazy("numpy")  # imported on first use (sim/core/lazy.py)
 
 
 @dataclass(frozen=True)

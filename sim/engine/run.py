@@ -11,19 +11,20 @@ from pathlib import Path
 
 import simpy
 
-from sim.config import RunConfig
+from sim.core.config import RunConfig
 from sim.engine.lockstep import Lockstep, LockstepChunkPolicy, LockstepGuard, LockstepRebalancer
 from sim.engine.pipeline import Inbox, Pipeline, SLOGuard
 from sim.engine.records import IterationLog
 from sim.engine.requests import RequestArrays, RequestTable
-from sim.engine.scheduler import Scheduler
-from sim.errors import ConfigError
+from sim.engine.schedulers.fastpp import Scheduler
+from sim.core.errors import ConfigError
 from sim.latency.base import latency_models
 from sim.latency.constant import ConstantLatencyModel  # noqa: F401  (registers "constant")
 from sim.latency.profiled import Profile, ProfiledLatencyModel
 from sim.latency.base import BatchStats
-from sim.plugins import build_chunk_policy, build_rebalancer, load_all as load_plugins
+from sim.core.plugins import load_all as load_plugins
 from sim.policies import PolicyContext
+from sim.policies.guards import build_chunk_policy, build_rebalancer
 from sim.workloads import RequestSpec, build_workload
 
 
@@ -224,7 +225,7 @@ def run(cfg: RunConfig, requests: list[RequestSpec] | RequestArrays | None = Non
         extras={"stage_layers": list(getattr(latency, "layers", [])),
                 "num_kv_exhausted": sum(p.sched.kv_exhausted_events for p in pipes),
                 # with a static chunk: this run is exactly the run at any chunk >= chunk_need
-                # unless the budget ever bound (sim/engine/scheduler.py)
+                # unless the budget ever bound (sim/engine/schedulers/fastpp.py)
                 "chunk_bound": any(p.sched.chunk_bound for p in pipes),
                 "chunk_need": max(p.sched.chunk_need for p in pipes),
                 "alternates": ([a and not t for a, t in zip(lockstep.alive, guard.tripped)]

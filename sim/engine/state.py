@@ -5,9 +5,9 @@ from __future__ import annotations
 from array import array
 
 from sim.latency.base import BatchStats
-from sim.lazy import lazy
+from sim.core.lazy import lazy
 
-np = lazy("numpy")  # imported on first use (sim/lazy.py)
+np = lazy("numpy")  # imported on first use (sim/core/lazy.py)
 
 DECODE, EXTEND, MIXED = "decode", "extend", "mixed"
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from sim.engine.scheduler import Scheduler
+from sim.engine.schedulers.fastpp import Scheduler
 from sim.engine.state import MicroBatch
 
 

@@ -1,6 +1,6 @@
 """The scheduler's waiting queue: a deque of requests with the columns the policies read.
 
-Kept out of sim/engine/scheduler.py because that module may be compiled (sim/native.py), and a
+Kept out of sim/engine/schedulers/fastpp.py because that module may be compiled (sim/native.py), and a
 compiled class cannot subclass `deque`.
 """
 

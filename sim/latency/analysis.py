@@ -14,7 +14,7 @@ from __future__ import annotations
 import copy
 from pathlib import Path
 
-from sim.errors import DataError
+from sim.core.errors import DataError
 from sim.latency.base import BatchStats
 from sim.latency.profiled import Profile, ProfiledLatencyModel
 

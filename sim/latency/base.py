@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
-from sim.registry import Registry
+from sim.core.registry import Registry
 
 
 class BatchStats:

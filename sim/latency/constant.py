@@ -7,7 +7,7 @@ when at most one request runs at a time.
 
 from __future__ import annotations
 
-from sim.errors import ConfigError
+from sim.core.errors import ConfigError
 from sim.latency.base import BatchStats, StepTime, latency_models
 
 

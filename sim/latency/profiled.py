@@ -49,18 +49,18 @@ the bytes (a ring all-gather moves half the bytes of a ring all-reduce).
 
 from __future__ import annotations
 
-from sim.lazy import lazy
+from sim.core.lazy import lazy
 
 import bisect
 import math
 from dataclasses import dataclass
 from pathlib import Path
 
-np = lazy("numpy")  # imported on first use (sim/lazy.py)
-pd = lazy("pandas")  # imported on first use (sim/lazy.py)
+np = lazy("numpy")  # imported on first use (sim/core/lazy.py)
+pd = lazy("pandas")  # imported on first use (sim/core/lazy.py)
 
-from sim.errors import ConfigError, DataError
-from sim.tomlio import read_toml
+from sim.core.errors import ConfigError, DataError
+from sim.core.tomlio import read_toml
 from sim.latency.base import BatchStats, StepTime, latency_models
 from sim.latency.variance import IterationNoise, VarianceParams
 from sim.latency.stagetimer import StageTimer

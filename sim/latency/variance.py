@@ -29,10 +29,10 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from sim.lazy import lazy
+from sim.core.lazy import lazy
 np = lazy("numpy")
 
-from sim.rng import stream
+from sim.core.rng import stream
 
 BLOCK = 4096  # draws are taken in blocks: fast, and still a fixed sequence per stream
 

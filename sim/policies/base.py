@@ -28,7 +28,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Protocol
 
-from sim.registry import Registry
+from sim.core.registry import Registry
 
 # 1: the first published API (Protocols, PolicyContext with context_length_tokens, view fields).
 API_VERSION = 1
@@ -81,5 +81,5 @@ class Rebalancer(Protocol):
         """Requests to move between the current slot's running batch and the pending list."""
 
 
-chunk_policies: Registry = Registry("chunk policy", required=("initial_chunk", "decide"))
-rebalancers: Registry = Registry("rebalancer", required=("rebalance",))
+chunk_policies: Registry = Registry("chunk policy", required=("initial_chunk", "decide"), group="pipesim.chunk_policies")
+rebalancers: Registry = Registry("rebalancer", required=("rebalance",), group="pipesim.rebalancers")

@@ -8,7 +8,7 @@ micro-batch's decode count sits on the hardware's 128-request tiers.
 
 from __future__ import annotations
 
-from sim.errors import ConfigError
+from sim.core.errors import ConfigError
 from sim.policies.base import Move, rebalancers
 from sim.policies.greedy import check_positive
 

@@ -7,13 +7,13 @@ the KV watermark and the safety guard.
 
 from __future__ import annotations
 
-from sim.lazy import lazy
+from sim.core.lazy import lazy
 
 import math
 
-np = lazy("numpy")  # imported on first use (sim/lazy.py)
+np = lazy("numpy")  # imported on first use (sim/core/lazy.py)
 
-from sim.errors import ConfigError
+from sim.core.errors import ConfigError
 from sim.policies.base import ChunkDecision, chunk_policies
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from operator import itemgetter
 
-from sim.errors import ConfigError
+from sim.core.errors import ConfigError
 from sim.policies.base import ChunkDecision, chunk_policies
 from sim.policies.greedy import SignalWindow, check_positive, safety_guard, watermark_chunk
 from sim.policies.rls import ALPPredictor, candidate_chunks

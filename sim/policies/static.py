@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from sim.errors import ConfigError
+from sim.core.errors import ConfigError
 from sim.policies.base import chunk_policies
 
 

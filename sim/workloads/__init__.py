@@ -9,9 +9,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Mapping
 
-from sim.errors import ConfigError
-from sim.limits import check_num_requests
-from sim.tomlio import read_toml
+from sim.core.errors import ConfigError
+from sim.core.limits import check_num_requests
+from sim.core.tomlio import read_toml
 from sim.workloads.base import (  # noqa: F401  (re-exported)
     WORKLOADS_DIR,
     RequestSpec,

@@ -8,16 +8,16 @@ kind and its parameters, and a run config may override any of those parameters.
 
 from __future__ import annotations
 
-from sim.lazy import lazy
+from sim.core.lazy import lazy
 
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping, Protocol
 
-np = lazy("numpy")  # imported on first use (sim/lazy.py)
+np = lazy("numpy")  # imported on first use (sim/core/lazy.py)
 
-from sim.errors import ConfigError
-from sim.registry import Registry
+from sim.core.errors import ConfigError
+from sim.core.registry import Registry
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,7 +34,7 @@ class WorkloadBuilder(Protocol):
     """Builds the requests of one workload kind.
 
     `params` is the merged parameter table (workload file + run-config overrides) without
-    the `kind`/`name`/`description` keys; `seed` is the run seed (use `sim.rng.stream`);
+    the `kind`/`name`/`description` keys; `seed` is the run seed (use `sim.core.rng.stream`);
     `where` names the source for error messages (file path or 'config [workload]').
     Returns requests sorted by arrival time, with req_id 0..n-1 in that order.
     """

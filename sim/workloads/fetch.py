@@ -12,7 +12,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from sim.errors import ConfigError, DataError
+from sim.core.errors import ConfigError, DataError
 
 UPSTREAM = "https://raw.githubusercontent.com/Azure/AzurePublicDataset/master/data"
 

@@ -9,14 +9,14 @@
 
 from __future__ import annotations
 
-from sim.lazy import lazy
+from sim.core.lazy import lazy
 
 from typing import Any, Mapping
 
-np = lazy("numpy")  # imported on first use (sim/lazy.py)
+np = lazy("numpy")  # imported on first use (sim/core/lazy.py)
 
-from sim.errors import ConfigError
-from sim.rng import stream
+from sim.core.errors import ConfigError
+from sim.core.rng import stream
 from sim.workloads.base import make_requests, poisson_arrivals, require, workload_kinds
 from sim.workloads.lengths import sample_lengths
 

@@ -15,15 +15,15 @@ Every source accepts `swap = true` (prompt and output exchanged, the artifact's 
 
 from __future__ import annotations
 
-from sim.lazy import lazy
+from sim.core.lazy import lazy
 
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, Mapping
 
-np = lazy("numpy")  # imported on first use (sim/lazy.py)
+np = lazy("numpy")  # imported on first use (sim/core/lazy.py)
 
-from sim.errors import ConfigError, DataError
+from sim.core.errors import ConfigError, DataError
 
 DATA_DIR = Path(__file__).resolve().parents[1] / "data"
 SOURCES = ("pairs", "quantile-table", "sharegpt", "lognormal")

@@ -36,11 +36,11 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Mapping
 
-from sim.lazy import lazy
+from sim.core.lazy import lazy
 np = lazy("numpy")
 pd = lazy("pandas")
 
-from sim.errors import ConfigError, DataError
+from sim.core.errors import ConfigError, DataError
 from sim.workloads.trace import DEFAULT_COLUMNS, Trace, json_lines, read_csv_strings, trace_formats
 
 BURSTGPT_COLUMNS = ("Timestamp", "Request tokens", "Response tokens")

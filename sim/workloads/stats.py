@@ -11,13 +11,13 @@ workload (its arrival mode, Poisson rate, seed). Other kinds are always describe
 from __future__ import annotations
 
 from pathlib import Path
-from sim.lazy import lazy
+from sim.core.lazy import lazy
 
 from typing import Any, Mapping, Sequence
 
-np = lazy("numpy")  # imported on first use (sim/lazy.py)
+np = lazy("numpy")  # imported on first use (sim/core/lazy.py)
 
-from sim.errors import ConfigError
+from sim.core.errors import ConfigError
 from sim.workloads import load_workload_file, workload_kinds, workload_path
 from sim.workloads.base import RequestSpec
 

@@ -23,7 +23,7 @@ and a `num_requests` larger than the file is an error.
 
 from __future__ import annotations
 
-from sim.lazy import lazy
+from sim.core.lazy import lazy
 
 import json
 import os
@@ -32,12 +32,12 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Mapping
 
-np = lazy("numpy")  # imported on first use (sim/lazy.py)
-pd = lazy("pandas")  # imported on first use (sim/lazy.py)
+np = lazy("numpy")  # imported on first use (sim/core/lazy.py)
+pd = lazy("pandas")  # imported on first use (sim/core/lazy.py)
 
-from sim.errors import ConfigError, DataError
-from sim.registry import Registry
-from sim.rng import stream
+from sim.core.errors import ConfigError, DataError
+from sim.core.registry import Registry
+from sim.core.rng import stream
 from sim.workloads.base import make_requests, poisson_arrivals, require, workload_kinds
 from sim.workloads.fetch import cache_dir, download_for_file
 

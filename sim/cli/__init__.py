@@ -1,0 +1,137 @@
+"""`ppsim`: the command line, one module per command (`ppsim X` in sim/cli/X.py).
+
+This package is the top layer (ARCHITECTURE.md): it parses flags, loads plug-ins, calls the
+studies, outputs and engine below it, and turns every error into one line on stderr with exit
+code 2 (a bug: exit 1).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from sim.core.errors import PipeSimError
+
+EPILOG_MAIN = """examples:
+  ppsim run experiments/configs/default.toml --out runs/default
+  ppsim report runs/default
+  ppsim goodput experiments/configs/tp4.toml --jobs 2
+  ppsim plan --model qwen2.5-32b --gpus 4 --workload azure-conv-synth
+  ppsim reproduce fig9 --quick
+  ppsim list
+Every command's --help lists its own examples. Errors are one line and exit with code 2.
+"""
+
+# `ppsim X` lives in sim/cli/X.py, whose add_commands(sub) adds its sub-parser(s); in help order.
+# NOTE: importing sim.cli.list binds the name `list` in this module's globals, so the builtin
+# list() is not used here.
+COMMANDS = ("run", "list", "workload", "profile", "reproduce", "goodput", "validate", "report", "plan",
+            "fidelity", "compare", "gate")
+
+# Commands that take --plugin FILE_OR_MODULE (repeatable) and --debug.
+SIMULATING_COMMANDS = ("run", "list", "goodput", "reproduce", "plan", "gate", "validate", "fidelity")
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse with one-line usage errors (`ppsim ...: error: ...; see --help`), exit code 2."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see '{self.prog} --help')\n")
+
+
+def _one_line(exc: BaseException) -> str:
+    # Ray re-raises a worker's error as RayTaskError(OriginalType), whose text is a traceback.
+    cause = getattr(exc, "cause", None)
+    text = str(cause if isinstance(cause, PipeSimError) else exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = OneLineParser(
+        prog="ppsim", description="PipeSim: simulate TP and pipeline-parallel LLM serving.",
+        epilog=EPILOG_MAIN, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    import importlib
+
+    for name in COMMANDS:
+        importlib.import_module(f"sim.cli.{name}").add_commands(sub)
+    from sim.cli.common import add_arguments
+
+    for name in SIMULATING_COMMANDS:
+        add_arguments(sub.choices[name])
+    return parser
+
+
+def _flag_of(args, filename: str) -> str:
+    """'--out ' when `filename` is the --out folder or inside it (the flag to blame), else ''."""
+    for key, value in vars(args).items():
+        if isinstance(value, str) and value and key not in ("command", "func"):
+            base = value.rstrip("/") or "/"
+            if filename == value or filename == base or filename.startswith(base + "/"):
+                return f"--{key.replace('_', '-')} " if key != "config" else "config "
+    return ""
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # argparse already printed a one-line usage error
+        return int(exc.code or 0)
+    try:
+        if hasattr(args, "plugin"):
+            import sim.policies  # noqa: F401  (creates the plug-in kinds' registries before loading)
+            from sim.core.plugins import load_all, normalize
+
+            args.plugin = [normalize(p) for p in args.plugin]
+            load_all(args.plugin)
+        code = int(args.func(args) or 0)
+        sys.stdout.flush()  # inside the try: a reader that left shows up here, not at exit
+        return code
+    except PipeSimError as exc:
+        if getattr(args, "debug", False):
+            import traceback
+
+            traceback.print_exc()
+        from sim.core.config import attribute_to_override
+
+        msg = attribute_to_override(_one_line(exc), getattr(args, "set", None) or [])
+        print(f"ppsim: error: {' '.join(msg.split())}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("ppsim: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        # The reader (e.g. `| head -1`) left: stop quietly, as `cat` does (128 + SIGPIPE).
+        # Point stdout at /dev/null so the interpreter's final flush does not fail again.
+        try:
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        except (OSError, ValueError, AttributeError):
+            pass  # stdout is not a file descriptor (e.g. captured): nothing will flush it at exit
+        return 141
+    except OSError as exc:
+        if exc.filename is None or os.environ.get("PPSIM_DEBUG"):
+            return _internal_error(exc)
+        print(f"ppsim: error: {_flag_of(args, str(exc.filename))}{exc.filename}: {exc.strerror or exc}",
+              file=sys.stderr)
+        return 2
+    except Exception as exc:  # noqa: BLE001 - a bug: one line, exit 1
+        return _internal_error(exc)
+
+
+def _internal_error(exc: BaseException) -> int:
+    """A bug: one line naming the exception and where it was raised, exit 1;
+    PPSIM_DEBUG=1 re-raises it for the traceback."""
+    if os.environ.get("PPSIM_DEBUG"):
+        raise exc
+    where = ""
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    if tb is not None:
+        where = f" at {os.path.basename(tb.tb_frame.f_code.co_filename)}:{tb.tb_lineno}"
+    print(f"ppsim: internal error: {type(exc).__name__}: {' '.join(str(exc).split())}{where} "
+          f"(a bug; rerun with PPSIM_DEBUG=1 for the traceback)", file=sys.stderr)
+    return 1
+

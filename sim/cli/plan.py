@@ -1,0 +1,123 @@
+"""`ppsim plan`: simulate every deployment of N GPUs for a load and SLOs, and rank them (sim/studies/plan.py)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from sim.core.lazy import lazy
+from sim.core.slo import SLO, slo_from_specs
+from sim.studies.plan import POLICIES, _jsonable, plot_plan, run_plan
+from sim.studies.verdict import cost_key
+
+pd = lazy("pandas")  # imported on first use (sim/core/lazy.py)
+
+EPILOG = """examples:
+  ppsim plan --model qwen2.5-32b --gpus 8 --workload azure-conv --rate 6 --slo ttft:p99:2000 --slo tpot:p90:150
+  ppsim plan --model qwen2.5-32b --gpus 4 --workload azure-conv-synth --jobs 2           # goodput ranking
+  ppsim plan --model qwen2.5-14b --gpus 4 --workload sharegpt --rate 0.5 --price-per-gpu-hour 1.8
+  ppsim plan --model qwen2.5-32b --interconnect both --rate 4 --price-per-gpu-hour pcie=1.6,nvlink=2.2
+  ppsim plan --model qwen2.5-32b --trace my_requests.csv --slo ttft:p95:1500   # replay at its timestamps
+"""
+
+
+
+def add_commands(sub) -> None:
+    p = sub.add_parser("plan", help="find the best deployment of N GPUs for a load and SLOs", epilog=EPILOG,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default="qwen2.5-32b", help="model id (a folder of the profile family)")
+    p.add_argument("--gpu", default=None, help="profile family under profiles/ or a folder (overrides --interconnect)")
+    p.add_argument("--interconnect", default="pcie",
+                   help="pcie (a100-pcie-40gb), nvlink (a100-sxm-80gb-nvswitch) or both (like-for-like: "
+                        "only the communication model differs)")
+    p.add_argument("--gpus", type=int, default=4, help="number of GPUs (default 4)")
+    p.add_argument("--workload", default="azure-conv-synth", help="workload name or a workload TOML file")
+    p.add_argument("--trace", default=None, metavar="FILE",
+                   help="a CSV trace (Azure columns by default) replayed at its timestamps (scaled to --rate if given)")
+    p.add_argument("--set", action="append", default=[], metavar="workload.KEY=VALUE", help="workload override")
+    p.add_argument("--rate", type=float, default=None,
+                   help="the load in req/s: simulate every candidate at it (default: rank by goodput)")
+    p.add_argument("--slo", action="append", default=[], metavar="METRIC:pQ:MS",
+                   help="an SLO at any percentile, e.g. ttft:p99:2000 (ttft, tpot, e2e); default P90 TTFT 2000, "
+                        "P90 TPOT 200")
+    p.add_argument("--slo-ttft-ms", type=float, default=2000.0, help="P90 TTFT SLO (ms) unless --slo ttft:... is given")
+    p.add_argument("--slo-tpot-ms", type=float, default=200.0, help="P90 TPOT SLO (ms) unless --slo tpot:... is given")
+    p.add_argument("--seeds", type=int, default=3, help="paired seeds per candidate (default 3)")
+    p.add_argument("--price-per-gpu-hour", default=None, metavar="PRICE",
+                   help="$ per GPU-hour, one number or per interconnect (pcie=1.6,nvlink=2.2)")
+    p.add_argument("--replicate-within", type=float, default=0.25,
+                   help="rate mode: run the other seeds only for candidates whose first-seed margin is within this "
+                        "of 0 or of the best (default 0.25)")
+    p.add_argument("--prune-below", type=float, default=0.5,
+                   help="goodput mode: prune splits below this share of the best screen (default 0.5)")
+    p.add_argument("--jobs", type=int, default=1)
+    p.add_argument("--executor", default="process", help="process (default) or ray")
+    p.add_argument("--address", default=None, help="Ray cluster address")
+    p.add_argument("--quick", action="store_true", help="at most 150 requests and a coarser search")
+    p.add_argument("--out", default="runs/plan", help="output folder (default runs/plan)")
+    p.add_argument("--json", default=None, metavar="PATH", help="also write the plan as JSON to PATH")
+    p.add_argument("--top", type=int, default=15, help="ranked candidates printed (default 15)")
+    p.add_argument("--all", action="store_true", help="print every simulated candidate")
+    p.add_argument("--no-progress", action="store_true")
+    p.set_defaults(func=cmd_plan)
+
+
+
+def cmd_plan(args) -> int:
+    from sim.outputs.context import describe_workload, format_header
+
+    source, rate = describe_workload({"name": args.workload})
+    slo_text = slo_from_specs(args.slo, SLO(ttft_ms=args.slo_ttft_ms, tpot_ms=args.slo_tpot_ms)).describe()
+    load = f"{args.rate:g} req/s (Poisson)" if getattr(args, "rate", None) else f"goodput search (Poisson), {rate} in the workload file"
+    if getattr(args, "trace", None):
+        load = f"the trace's own timestamps ({args.trace})"
+    print(format_header({
+        "model": args.model, "gpus": f"{args.gpus} ({args.gpu or args.interconnect}); every TP x PP x replicas split",
+        "chunk policy": f"each of {', '.join(POLICIES)}", "workload": source, "rate": load,
+        "seed": f"1-{args.seeds} (paired)" if args.seeds > 1 else "1", "slo": slo_text,
+    }), flush=True)
+    df, meta = run_plan(args)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    mode, slo = meta["mode"], slo_from_specs(args.slo, SLO(ttft_ms=args.slo_ttft_ms, tpot_ms=args.slo_tpot_ms))
+    df.to_csv(out / "plan.csv", index=False, float_format="%.6g")
+    doc = {**meta, "candidates": [{k: _jsonable(v) for k, v in r.items()} for r in df.to_dict("records")]}
+    text = json.dumps(doc, indent=1, default=str) + "\n"
+    (out / "plan.json").write_text(text)
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(text)
+    plot_plan(df, mode, meta["slo"], out / "plan.png")
+    print(meta["load"] + f"; {meta['seeds']} paired seed(s); {meta['slo']}")
+    for line in meta["interconnect_notes"]:
+        print(line)
+    if mode == "rate":
+        cols = ["rank", "deployment", *slo.keys(), "p99_e2e_ms", "slo_attainment", "kv_headroom", "margin",
+                cost_key(df), "meets_slo", "tied_with_best"]
+    else:
+        cols = ["rank", "deployment", "goodput_rps", "goodput_ci_lo", "goodput_ci_hi", cost_key(df),
+                *[f"{k}_at_80pct" for k in slo.keys()], "kv_headroom_at_80pct", "tied_with_best"]
+    shown = df[df["status"] == "ok"]
+    if not args.all:
+        shown = shown[shown["rank"].notna()].head(args.top)
+    with pd.option_context("display.width", 250, "display.max_columns", 30):
+        print(shown[[c for c in cols if c in df]].to_string(index=False, float_format=lambda v: f"{v:.3g}")
+              if len(shown) else "(no candidate qualifies)")
+    left = int((df["status"] == "ok").sum()) - len(shown)
+    if left > 0:
+        print(f"... {left} more simulated candidate(s) in {out}/plan.csv (--all prints them)")
+    skipped = df[df["status"] != "ok"]
+    if len(skipped):
+        print("\nnot simulated:")
+        for r in skipped.itertuples():
+            print(f"  {r.deployment.replace(' -', '')}: {r.status}, {r.reason}")
+    warn = df[(df["warnings"] != "") & df["rank"].notna()]
+    if len(warn):
+        print("\nwarnings:")
+        for r in warn.itertuples():
+            print(f"  {r.deployment}: {r.warnings}")
+    print("\n" + meta["verdict"])
+    (out / "recommendation.txt").write_text(meta["verdict"] + "\n")
+    print(f"\nwrote {out}/plan.csv, plan.json, plan.png, recommendation.txt" + (f" and {args.json}" if args.json else ""))
+    return 0

@@ -1,0 +1,383 @@
+"""The `profile` command group: show, plot, build, import-vidur, collect.
+
+`add_commands(subparsers)` plugs the group into the main `ppsim` parser; each handler
+raises `PipeSimError` for bad input (the main CLI prints it as one line and exits 2).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from sim.core.errors import DataError, PipeSimError
+
+RAW = argparse.RawDescriptionHelpFormatter
+PROFILE = "profiles/a100-pcie-40gb/qwen2.5-32b/tp1"
+
+EPILOG_GROUP = f"""examples:
+  ppsim profile build --model llama-3.1-8b --gpu h100-sxm-80gb --tp 2 --out /tmp/l8
+  ppsim profile show {PROFILE} --pp 4
+  ppsim profile plot {PROFILE} --out plots/
+  ppsim profile import-vidur vidur/compute/a100/internlm/internlm-20b --model internlm.toml --out profiles/x
+  ppsim profile collect --model qwen.toml --out profiles/mine --device cuda
+"""
+
+EPILOG_SHOW = f"""The split is for ONE stage of a PP=P pipeline: stage 1 (a middle stage: no embedding, no
+LM head, but the activation send) when P > 1, stage 0 when P = 1; --stage picks another.
+overhead_ms = the stage's own extras (embedding, sampling) + the per-iteration CPU overhead +
+token broadcast, so total_ms is what one lock-step iteration costs when this stage is the
+slowest. A prefill row is one prompt of that many tokens (no prefix); with --decode a row is
+a decode micro-batch of that many requests at --context tokens each.
+
+examples:
+  ppsim profile show {PROFILE} --pp 4
+  ppsim profile show {PROFILE} --pp 4 --tokens 96,128,160 --decode --context 1400
+  ppsim profile show profiles/a100-pcie-40gb/qwen2.5-32b/tp4 --pp 1 --tokens 128,2048 --json
+"""
+
+EPILOG_PLOT = f"""Writes <out>/<name>-stage.png (stage time vs tokens: the step function, prefill and decode),
+<out>/<name>-attention.png (per-layer prefill attention vs chunk at several prefixes, decode
+attention vs batch at several contexts) and <out>/<name>-comm.png (PP send and TP all-reduce
+vs tokens). <name> is the profile path joined with '-'.
+
+examples:
+  ppsim profile plot {PROFILE} --out plots/
+  ppsim profile plot {PROFILE} --out plots/ --pp 2 --max-tokens 1024
+"""
+
+EPILOG_IMPORT = """DIR holds Vidur CSVs: mlp.csv (required), attention.csv (optional; else a roofline
+estimate), all_reduce.csv / send_recv.csv (optional; or in --network). CONFIG is a TOML file:
+
+  tp = 1
+  [model]
+  num_layers = 60
+  hidden_size = 5120
+  num_q_heads = 40
+  num_kv_heads = 40
+  head_dim = 128
+  vocab_size = 103168
+  intermediate_size = 13824
+  [profile]          # optional: gpu, model (the id)
+  [memory]           # optional: gpu_mem_gib, m_init_gib (default A100-80GB)
+  [overhead]         # optional: terms Vidur does not simulate, added on top of the measured layers
+  cpu_ms = 2.0       #   per iteration, scheduler CPU time on the critical path (default 2.0, assumed)
+  lm_head_ms = 1.0   #   last stage, per iteration, split over TP (default 1.0, assumed)
+  embedding_ms = 0.1 #   first stage (default 0.1, assumed)
+  sample_ms = 0.2    #   last stage (default 0.2, assumed)
+  broadcast_us = 30  #   token-id broadcast per iteration when PP > 1 (default 30, assumed)
+
+Every overhead term is printed with its value and status (default / user-supplied / off).
+--overhead key=value overrides one term (repeatable); --no-overheads sets all five to 0 for a
+like-for-like comparison with Vidur (then --overhead can add single terms back).
+
+examples:
+  ppsim profile import-vidur ../shared/data/vidur-profiles/compute/a100/internlm/internlm-20b \\
+      --network ../shared/data/vidur-profiles/network/a100_dgx --model internlm20b.toml --out /tmp/ilm
+  ppsim profile import-vidur my-vidur-run/ --model llama.toml --out profiles/h100/llama/tp1
+  ppsim profile import-vidur my-vidur-run/ --model llama.toml --out /tmp/v --no-overheads
+  ppsim profile import-vidur my-vidur-run/ --model llama.toml --out /tmp/v --overhead cpu_ms=0 --overhead sample_ms=0.1
+"""
+
+EPILOG_COLLECT = """Times one layer's GEMMs over a token grid, prefill/decode attention with PyTorch SDPA
+(fitted by least squares) and, with several CUDA GPUs, NCCL all-reduce and send/recv. Needs
+PyTorch: pip install .[profile]. CONFIG is the same TOML as for import-vidur.
+
+examples:
+  ppsim profile collect --model qwen2.5-32b.toml --out profiles/h100/qwen2.5-32b/tp1 --device cuda
+  ppsim profile collect --model tiny.toml --out /tmp/tiny --device cpu --quick
+"""
+
+
+def _tokens(text: str) -> list[int]:
+    try:
+        vals = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise PipeSimError(f"--tokens {text!r}: expected comma-separated integers, e.g. 96,128,256") from None
+    if not vals or any(v < 1 for v in vals):
+        raise PipeSimError(f"--tokens {text!r}: token counts must be integers >= 1")
+    return vals
+
+
+def _profile_dir(path: str) -> Path:
+    p = Path(path)
+    if not (p / "meta.toml").is_file():
+        from sim.core.config import REPO_ROOT
+
+        if (REPO_ROOT / p / "meta.toml").is_file():
+            return REPO_ROOT / p
+        raise DataError(f"{p}: not a profile directory (meta.toml missing)")
+    return p
+
+
+def show_rows(profile: str | Path, pp: int, tokens: list[int], decode: bool = False, context: int = 1400,
+              stage: int | None = None) -> list[dict]:
+    from sim.latency.analysis import load_model, split_ms
+    from sim.latency.base import BatchStats
+
+    if context < 1:
+        raise PipeSimError(f"--context must be >= 1, got {context}")
+    model = load_model(_profile_dir(str(profile)), pp)
+    rows = []
+    for t in tokens:
+        st = BatchStats.decode(t, context) if decode else BatchStats.prefill(t)
+        rows.append(split_ms(model, st, stage))
+    return rows
+
+
+def cmd_show(args) -> int:
+    rows = show_rows(args.profile, args.pp, _tokens(args.tokens), args.decode, args.context, args.stage)
+    if args.json:
+        print(json.dumps([{k: (round(v, 4) if isinstance(v, float) else v) for k, v in r.items()} for r in rows],
+                         indent=2))
+        return 0
+    from sim.latency.analysis import default_stage
+
+    stage = default_stage(args.pp) if args.stage is None else args.stage
+    what = f"decode at context {args.context}" if args.decode else "prefill"
+    print(f"{args.profile}: PP={args.pp}, stage {stage}, {what} (ms)")
+    head = ("requests" if args.decode else "tokens", "linear", "attention", "comm", "overhead", "total")
+    print("{:>9} {:>9} {:>10} {:>8} {:>9} {:>9}".format(*head))
+    for r in rows:
+        print(f"{r['tokens']:>9} {r['linear_ms']:>9.2f} {r['attention_ms']:>10.2f} {r['comm_ms']:>8.2f} "
+              f"{r['overhead_ms']:>9.2f} {r['total_ms']:>9.2f}")
+    return 0
+
+
+def plot_profile(profile: str | Path, out: str | Path, pp: int = 4, max_tokens: int = 4096) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    from sim.latency.analysis import load_model, split_ms
+    from sim.latency.base import BatchStats
+
+    pdir = _profile_dir(str(profile))
+    if max_tokens < 2:
+        raise PipeSimError(f"--max-tokens must be >= 2, got {max_tokens}")
+    model = load_model(pdir, pp)
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    name = "-".join(Path(profile).parts[-3:]).replace("/", "-")
+    files = []
+
+    toks = np.arange(1, max_tokens + 1)
+    pre = [split_ms(model, BatchStats.prefill(int(t)))["total_ms"] for t in toks]
+    dec = [split_ms(model, BatchStats.decode(int(t), 1400))["total_ms"] for t in toks]
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    ax.step(toks, pre, where="post", label="prefill (no prefix)")
+    ax.step(toks, dec, where="post", label="decode requests, context 1400")
+    for b in range(128, max_tokens + 1, 128):
+        ax.axvline(b, color="0.9", lw=0.5, zorder=0)
+    ax.set_xlabel("tokens in the micro-batch")
+    ax.set_ylabel("iteration time of the stage (ms)")
+    ax.set_title(f"{'/'.join(Path(profile).parts[-3:])}, PP={pp}, stage {min(1, pp - 1)} (mode {model.mode})")
+    ax.legend()
+    fig.tight_layout()
+    files.append(out / f"{name}-stage.png")
+    fig.savefig(files[-1], dpi=120)
+    plt.close(fig)
+
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 4))
+    chunks = np.arange(16, max_tokens + 1, 16)
+    for p in (0, 1024, 4096, 8192):
+        a1.plot(chunks, [model.attention_s(BatchStats.prefill(int(c), p)) * 1e3 for c in chunks], label=f"prefix {p}")
+    a1.set_xlabel("prefill chunk (tokens)")
+    a1.set_ylabel("attention per layer (ms, scaled)")
+    a1.legend()
+    batches = np.arange(1, 257)
+    for ctx in (256, 1024, 4096):
+        a2.plot(batches, [model.attention_s(BatchStats.decode(int(b), ctx)) * 1e3 for b in batches],
+                label=f"context {ctx}")
+    a2.set_xlabel("decode requests")
+    a2.legend()
+    fig.suptitle("attention model")
+    fig.tight_layout()
+    files.append(out / f"{name}-attention.png")
+    fig.savefig(files[-1], dpi=120)
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    ctoks = np.unique(np.geomspace(1, max_tokens, 200).astype(int))
+    ax.loglog(ctoks, [model.p2p_s(int(t)) * 1e3 for t in ctoks], label="PP activation send")
+    if model.tp > 1:
+        ax.loglog(ctoks, [model.allreduce_s(int(t)) * 1e3 for t in ctoks], label=f"all-reduce (tp {model.tp})")
+        ax.loglog(ctoks, [2 * model.shape.num_layers * model.allreduce_s(int(t)) * 1e3 for t in ctoks],
+                  label="all-reduces per forward")
+    ax.set_xlabel("tokens")
+    ax.set_ylabel("ms")
+    ax.set_title(f"communication ({model.comm_model})")
+    ax.legend()
+    fig.tight_layout()
+    files.append(out / f"{name}-comm.png")
+    fig.savefig(files[-1], dpi=120)
+    plt.close(fig)
+    return files
+
+
+def cmd_plot(args) -> int:
+    for f in plot_profile(args.profile, args.out, args.pp, args.max_tokens):
+        print(f)
+    return 0
+
+
+def cmd_import_vidur(args) -> int:
+    from sim.profiling.vidur_import import import_vidur
+
+    from sim.profiling.vidur_import import parse_overrides
+
+    _, report = import_vidur(args.dir, args.model, args.out, network=args.network,
+                             overrides=parse_overrides(args.overhead), no_overheads=args.no_overheads)
+    print("\n".join(report))
+    return 0
+
+
+def cmd_collect(args) -> int:
+    from sim.profiling.collect import collect
+
+    collect(args.model, args.out, device=args.device, quick=args.quick)
+    return 0
+
+
+EPILOG_BUILD = """Builds a profile in the format of profiles/FORMAT.md from the kernel cost model of the GPU's
+kernel-data family (profiles/kernels/, fitted offline from Vidur's measured kernels by
+profiles/build_kernels.py), the model's architecture and the interconnect's alpha-beta model.
+Nothing is downloaded. meta.toml says source = "built", names the data files and records the fit
+errors; attention on GPUs without attention data of their own (h100, a40) is marked "scaled".
+
+models:        profiles/models/<name>.toml, or --model-config PATH (a Hugging Face config.json of a
+               dense Llama/Qwen/Mistral-style model; MoE and missing fields are refused)
+GPUs:          profiles/gpus/<name>.toml
+interconnects: profiles/interconnects/<name>.toml (default: the GPU's default_interconnect)
+
+--all writes profiles/built/<gpu>[-<ic>]/<model>/tp<T>/ for every shipped model x GPU x TP in
+{1, 2, 4, 8} that divides the heads and fits in memory on at most 8 GPUs.
+
+examples:
+  ppsim profile build --model qwen2.5-32b --gpu a100-pcie-40gb --tp 1 --out /tmp/q32
+  ppsim profile build --model-config my-model/config.json --gpu h100-sxm-80gb --tp 2 --out /tmp/mine
+  ppsim profile build --model llama-3.1-70b --gpu a40-48gb --interconnect pcie-p2p-disabled --tp 8 --out /tmp/l70
+  ppsim profile build --all
+"""
+
+
+def cmd_build(args) -> int:
+    from sim.profiling.build import BUILT_DIR, build_all, build_profile, resolve_model
+    from sim.profiling.specs import load_gpu, load_interconnect
+
+    if args.all:
+        if args.model or args.model_config or args.gpu or args.out:
+            raise PipeSimError("profile build --all: takes no --model/--model-config/--gpu/--out")
+        written = build_all(Path(args.root) if args.root else BUILT_DIR)
+        print(f"wrote {len(written)} profiles under {args.root or BUILT_DIR}")
+        return 0
+    for flag, val in (("--gpu", args.gpu), ("--out", args.out), ("--tp", args.tp)):
+        if val is None:
+            raise PipeSimError(f"profile build: {flag} is required (or --all)")
+    model = resolve_model(args.model, args.model_config)
+    if args.name:
+        from dataclasses import replace
+
+        model = replace(model, name=args.name)
+    gpu = load_gpu(args.gpu)
+    ic = load_interconnect(args.interconnect or gpu.default_interconnect)
+    prof = build_profile(model, gpu, ic, args.tp, args.out)
+    p = prof.meta["profile"]
+    print(f"wrote {args.out}: {model.name} on {gpu.display} ({ic.name}), TP{args.tp}; {p['data_source']}")
+    fe = prof.meta["fit_errors"]
+    print(f"  GEMMs measured: {', '.join(fe['gemm_measured_ops']) or 'none'}; predicted: "
+          f"{', '.join(fe['gemm_predicted_ops']) or 'none'} (leave-one-model-out error of the "
+          f"{p['kernel_data']} data: median {fe['gemm_loo_median_rel_err']:.1%}, P90 {fe['gemm_loo_p90_rel_err']:.1%} "
+          f"per GEMM; median {fe.get('gemm_layer_loo_median_rel_err', float('nan')):.1%}, "
+          f"P90 {fe.get('gemm_layer_loo_p90_rel_err', float('nan')):.1%} per layer)")
+    return 0
+
+
+def _pp(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {v}")
+    return v
+
+
+def add_commands(subparsers) -> None:
+    grp = subparsers.add_parser("profile", help="inspect, plot, import or measure latency profiles",
+                                epilog=EPILOG_GROUP, formatter_class=RAW)
+    sub = grp.add_subparsers(dest="profile_command", required=True, metavar="SUBCOMMAND")
+
+    p = sub.add_parser("show", help="per-stage time split for prefill or decode micro-batches",
+                       epilog=EPILOG_SHOW, formatter_class=RAW)
+    p.add_argument("profile", metavar="PROFILE_DIR")
+    p.add_argument("--pp", type=_pp, default=4, help="pipeline stages (default 4)")
+    p.add_argument("--stage", type=int, default=None, help="stage to report (default 1 if pp > 1, else 0)")
+    p.add_argument("--tokens", default="96,128,129,160,256,2048",
+                   help="comma-separated token counts (requests with --decode); default %(default)s")
+    p.add_argument("--decode", action="store_true", help="decode micro-batches of N requests instead of prefill")
+    p.add_argument("--context", type=int, default=1400, help="context per decode request (default 1400)")
+    p.add_argument("--json", action="store_true", help="print a JSON list (tokens, linear_ms, attention_ms, "
+                   "comm_ms, overhead_ms, total_ms)")
+    p.set_defaults(func=cmd_show)
+
+    p = sub.add_parser("plot", help="PNG plots: step function, attention, communication",
+                       epilog=EPILOG_PLOT, formatter_class=RAW)
+    p.add_argument("profile", metavar="PROFILE_DIR")
+    p.add_argument("--out", required=True, help="output folder")
+    p.add_argument("--pp", type=_pp, default=4, help="pipeline stages (default 4)")
+    p.add_argument("--max-tokens", type=int, default=4096, help="x-axis end (default 4096)")
+    p.set_defaults(func=cmd_plot)
+
+    p = sub.add_parser("import-vidur", help="convert Vidur profiling CSVs into a PipeSim profile",
+                       epilog=EPILOG_IMPORT, formatter_class=RAW)
+    p.add_argument("dir", metavar="DIR", help="folder with mlp.csv (and attention.csv, network CSVs)")
+    p.add_argument("--model", required=True, metavar="CONFIG", help="model TOML ([model] of FORMAT.md + tp)")
+    p.add_argument("--network", default=None, metavar="NETDIR", help="folder with all_reduce.csv/send_recv.csv")
+    p.add_argument("--out", required=True, help="profile directory to write")
+    p.add_argument("--overhead", action="append", default=[], metavar="KEY=VALUE",
+                   help="set one [overhead] term (cpu_ms, lm_head_ms, embedding_ms, sample_ms, broadcast_us); "
+                   "repeatable")
+    p.add_argument("--no-overheads", action="store_true", help="set every [overhead] term to 0 (Vidur has none)")
+    p.set_defaults(func=cmd_import_vidur)
+
+    p = sub.add_parser("build", help="build a profile for any dense model on a GPU from shipped kernel data",
+                       epilog=EPILOG_BUILD, formatter_class=RAW)
+    p.add_argument("--model", default=None, metavar="NAME", help="a model of profiles/models/")
+    p.add_argument("--model-config", default=None, metavar="PATH", help="a Hugging Face config.json (offline)")
+    p.add_argument("--name", default=None, help="model id written into meta.toml (default: NAME or the "
+                   "config.json's folder name)")
+    p.add_argument("--gpu", default=None, help="a GPU of profiles/gpus/")
+    p.add_argument("--interconnect", default=None, metavar="IC", help="an interconnect of "
+                   "profiles/interconnects/ (default: the GPU's)")
+    p.add_argument("--tp", type=_pp, default=None, help="tensor-parallel degree of the profile")
+    p.add_argument("--out", default=None, help="profile directory to write")
+    p.add_argument("--all", action="store_true", help="rebuild the shipped library profiles/built/")
+    p.add_argument("--root", default=None, help=argparse.SUPPRESS)
+    p.set_defaults(func=cmd_build)
+
+    p = sub.add_parser("collect", help="measure a profile with PyTorch (optional extra 'profile')",
+                       epilog=EPILOG_COLLECT, formatter_class=RAW)
+    p.add_argument("--model", required=True, metavar="CONFIG", help="model TOML ([model] of FORMAT.md + tp)")
+    p.add_argument("--out", required=True, help="profile directory to write")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cuda", help="device to time (default cuda)")
+    p.add_argument("--quick", action="store_true", help="tiny grids (smoke test)")
+    p.set_defaults(func=cmd_collect)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="ppsim", formatter_class=RAW)
+    add_commands(ap.add_subparsers(dest="command", required=True))
+    args = ap.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except PipeSimError as exc:
+        print(f"ppsim: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,172 @@
+"""`ppsim run`: simulate one config and write its outputs (summary, tables, timeline)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from pathlib import Path
+
+from sim.core.errors import PipeSimError
+
+EPILOG_RUN = """examples:
+  ppsim run experiments/configs/default.toml --out runs/default
+  ppsim run experiments/configs/default.toml --set workload.rate_rps=6 --set parallel.pp=2 --out runs/pp2
+  ppsim run experiments/configs/default.toml --set scheduler.chunk_size_tokens=512 --json --out runs/c512
+  ppsim run experiments/configs/default.toml --slo ttft:p99:3000 --slo tpot:p95:150 --out runs/p99
+  ppsim run experiments/configs/default.toml --timeline --window 20:21 --out runs/timeline
+  ppsim run experiments/configs/default.toml --trace my_trace.jsonl --out runs/mine   # replay a file
+  ppsim run experiments/configs/default.toml --trace BurstGPT_1.csv --limit 2000 --set workload.drop_failed=true --out runs/burst
+--trace FILE replaces the config's workload by the file (format detected: Azure/BurstGPT/plain
+CSV, Mooncake JSONL, ShareGPT JSON; see workloads/README.md) replayed at its recorded times, all
+rows unless --limit N; --set workload.KEY=VALUE sets the trace's fields (rate_rps for Poisson).
+An --out folder holding another run is refused unless --force, which clears it first.
+"""
+
+SUMMARY_KEYS = (
+    "status", "num_requests", "num_finished", "p50_ttft_ms", "p90_ttft_ms", "p99_ttft_ms", "p50_tpot_ms",
+    "p90_tpot_ms", "p99_tpot_ms", "p90_e2e_ms", "p50_itl_ms", "p99_itl_ms", "slo_attainment", "meets_p90_slo",
+    "throughput_rps", "throughput_drain_rps",
+    "p50_iter_ms", "p90_iter_ms", "p99_iter_ms", "bubble_fraction", "kv_capacity_tokens", "kv_peak_tokens",
+    "num_retractions", "duration_s", "saturated", "sustained_throughput_rps",
+)
+
+
+
+def _fmt(v) -> str:
+    if isinstance(v, float):
+        return "nan" if math.isnan(v) else f"{v:.4g}" if abs(v) < 1e4 else f"{v:.0f}"
+    return str(v)
+
+
+def _jsonable(obj):
+    if isinstance(obj, float) and (math.isnan(obj) or math.isinf(obj)):
+        return None
+    if isinstance(obj, dict):
+        return {k: _jsonable(v) for k, v in obj.items()}
+    if hasattr(obj, "item"):
+        return obj.item()
+    return obj
+
+
+def cmd_run(args) -> int:
+    from sim.core import tomlio
+    from sim.core.config import apply_overrides, config_from_table, load_table
+    from sim.outputs.context import describe, format_header
+    from sim.engine.run import run
+    from sim.outputs.metrics import iterations_frame, requests_frame, summarize
+    from sim.outputs.outdir import prepare_out
+    from sim.core.plugins import add_to_table
+    from sim.workloads import build_workload
+
+    table = load_table(args.config)
+    if args.trace:
+        from sim.workloads.readers import trace_workload
+
+        if any(o.strip().startswith("workload.num_requests") for o in args.set):
+            raise PipeSimError("--trace replays every row of the file; take the first N with --limit N, "
+                               "not --set workload.num_requests")
+        table["workload"] = trace_workload(args.trace, limit=args.limit)
+    elif args.limit is not None:
+        raise PipeSimError("--limit applies to --trace FILE only")
+    from sim.core.slo import slo_overrides
+
+    table = apply_overrides(table, args.set + slo_overrides(args.slo))
+    if args.trace and "rate_rps" in table["workload"]:
+        # A rate given for a trace means Poisson arrivals over its rows (a ShareGPT file has no times).
+        if not any(o.strip().startswith("workload.arrivals") for o in args.set):
+            table["workload"]["arrivals"] = "poisson"
+    cfg = config_from_table(add_to_table(table, args.plugin), args.config)
+    out = Path(args.out)
+    prepare_out(out, args.force)
+    requests = build_workload(cfg.workload, seed=cfg.seed)
+    context = describe(cfg, requests)
+    if not args.json:
+        print(format_header(context), flush=True)
+    from sim.engine.requests import RequestArrays
+
+    requests = RequestArrays.of(requests)  # typed arrays; the list of RequestSpec goes
+    # without iterations.csv (or a timeline) only the summary's iteration columns are kept
+    result = run(cfg, requests, keep_iterations=args.iterations or args.timeline)
+    import gc
+
+    # the finished pipelines (schedulers, their samples) are reference cycles with SimPy's
+    # processes: free them before the summary's peak, not whenever the collector next runs
+    gc.collect()
+    summary = summarize(result)
+    summary["context"] = context
+    from sim.outputs.csvout import write_csv
+
+    if args.format == "npz":
+        from sim.outputs.npzout import write_npz as write_table
+    else:
+        write_table = write_csv
+    write_table(requests_frame(result), out / f"requests.{args.format}")
+    if args.iterations:
+        write_table(iterations_frame(result), out / f"iterations.{args.format}")
+    (out / "config.toml").write_text(tomlio.dumps(cfg.to_dict()))
+    (out / "summary.json").write_text(json.dumps(_jsonable(summary), indent=2, sort_keys=True) + "\n")
+    import pandas as pd
+
+    pd.DataFrame(result.decisions, columns=["time_s", "slot", "old_chunk", "new_chunk", "reason"]).to_csv(
+        out / "decisions.csv", index=False)
+    pd.DataFrame(result.moves, columns=["time_s", "slot", "req_id", "action", "where"]).to_csv(
+        out / "moves.csv", index=False)
+    if args.timeline:
+        from sim.outputs.timeline import write_timeline
+
+        window = None
+        if args.window:
+            try:
+                a, b = (float(x) for x in args.window.split(":"))
+            except ValueError:
+                raise PipeSimError(f"--window {args.window!r}: expected START:END in seconds, e.g. 10:11") from None
+            if not b > a:
+                raise PipeSimError(f"--window {args.window!r}: END must be after START")
+            window = (a, b)
+        write_timeline(result, out, window)
+    if args.json:
+        print(json.dumps(_jsonable(summary), indent=2, sort_keys=True))
+    else:
+        width = max(len(k) for k in SUMMARY_KEYS)
+        if summary.get("stage_layers"):
+            print(f"{'stage_layers':<{width}}  {summary['stage_layers']}")
+        # the percentiles the SLO names (e.g. p95_ttft_ms) besides the P50/P90/P99 ones
+        extra = [k for k in cfg.slo.keys() if k not in SUMMARY_KEYS]
+        for k in (*SUMMARY_KEYS, *extra):
+            print(f"{k:<{width}}  {_fmt(summary.get(k))}")
+        print(f"{'slo':<{width}}  {summary['slo']}")
+        if summary["reason"]:
+            print(f"{'reason':<{width}}  {summary['reason']}")
+        print(f"outputs written to {out}/")
+    return 0 if result.status == "ok" else 1
+
+
+
+def add_commands(sub) -> None:
+    p = sub.add_parser("run", help="simulate one config and write its outputs", epilog=EPILOG_RUN,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("config", help="run config (TOML), e.g. experiments/configs/default.toml")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a config key (dotted path; value parsed as TOML); repeatable")
+    p.add_argument("--slo", action="append", default=[], metavar="METRIC:pQ:MS",
+                   help="an SLO at any percentile, e.g. ttft:p99:1000 (metrics: ttft, tpot, e2e); repeatable")
+    p.add_argument("--out", required=True, help="output folder (new or empty; --force replaces an earlier run)")
+    p.add_argument("--force", action="store_true", help="clear an --out folder that holds another run")
+    p.add_argument("--trace", default=None, metavar="FILE",
+                   help="replay this trace file instead of the config's workload (format detected)")
+    p.add_argument("--limit", type=int, default=None, metavar="N", help="with --trace: only the first N rows")
+    p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    p.add_argument("--no-iterations", dest="iterations", action="store_false",
+                   help="do not write iterations.csv (one row per iteration: the largest output); "
+                        "the summary still covers every iteration")
+    from sim.outputs.npzout import FORMATS
+
+    p.add_argument("--format", choices=FORMATS, default="csv",
+                   help="requests and iterations tables as CSV (default) or as .npz (NumPy arrays, one per "
+                        "column: no text formatting, several times cheaper to write; sim/outputs/npzout.py)")
+    p.add_argument("--timeline", action="store_true",
+                   help="also write timeline.json (Perfetto/Chrome trace) and timeline.png (Gantt chart)")
+    p.add_argument("--window", default=None, metavar="START:END",
+                   help="time window of the Gantt chart in seconds (default: 1 s around a busy point)")
+    p.set_defaults(func=cmd_run)

@@ -1,0 +1,304 @@
+"""Run configuration: frozen dataclasses loaded from TOML, validated on load.
+
+A run config has the sections below; every key is checked (unknown keys, wrong types and
+out-of-range values are one-line `ConfigError`s naming the file, the key and what is
+allowed). `--set a.b=value` overrides parse `value` as a TOML value.
+
+    seed = 1
+    horizon_s = 0            # 0: drain every request
+    [parallel]  pp, tp, replicas, router = "round-robin" | "least-loaded"
+    [scheduler] chunk_size_tokens, context_length_tokens, mem_fraction, kv_tokens,
+                max_running_requests, chunk_policy = {name, params}, rebalancer = {name, params}
+    [latency]   kind = "profile" | "constant", profile = "<dir>", variance, noise_cv, stage_ms, overhead_ms,
+                overrides = {param = value}
+    [slo]       ttft_ms, ttft_percentile, tpot_ms, tpot_percentile, e2e_ms, e2e_percentile,
+                stop_when_violated, stop_factor, stop_when_met (sim.core.slo)
+    [server]    on_kv_exhausted = "exit" | "retract"
+    [workload]  name = "<file in workloads/>" and overrides, or an inline kind (sim.workloads)
+    [plugins]   modules = ["my_policy.py", "my_pkg.policies"]   (user plug-ins, sim.core.plugins)
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import tomllib
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+from sim.core.errors import ConfigError
+from sim.core.slo import SLO as SLOConfig  # noqa: F401  (the [slo] section; re-exported)
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+@dataclass(frozen=True)
+class PolicySpec:
+    """A plug-in named in config: `{name = "...", params = {...}}`."""
+
+    name: str = "static"
+    params: Mapping[str, Any] = field(default_factory=dict)
+
+
+ROUTERS = ("round-robin", "least-loaded")
+
+
+@dataclass(frozen=True)
+class ParallelConfig:
+    """A deployment: `replicas` independent servers of `tp` x `pp` GPUs behind a router."""
+
+    pp: int = 1
+    tp: int = 1
+    replicas: int = 1
+    router: str = "round-robin"
+
+    def validate(self, where: str) -> None:
+        for key in ("pp", "tp", "replicas"):
+            if getattr(self, key) < 1:
+                raise ConfigError(f"{where}: [parallel] {key} must be >= 1, got {getattr(self, key)}")
+        if self.router not in ROUTERS:
+            raise ConfigError(f"{where}: [parallel] router must be one of: {', '.join(ROUTERS)}; got {self.router!r}")
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    chunk_size_tokens: int = 2048
+    context_length_tokens: int = 16384
+    mem_fraction: float = 0.9
+    kv_tokens: int = 0  # 0: computed from the profile's memory model
+    max_running_requests: int = 0  # 0: as SGLang derives it from the pool
+    chunk_policy: PolicySpec = field(default_factory=PolicySpec)
+    rebalancer: PolicySpec | None = None
+
+    def validate(self, where: str) -> None:
+        if self.chunk_size_tokens < 1:
+            raise ConfigError(f"{where}: [scheduler] chunk_size_tokens must be >= 1, got {self.chunk_size_tokens}")
+        if self.context_length_tokens < 8:
+            raise ConfigError(f"{where}: [scheduler] context_length_tokens must be >= 8")
+        if not 0 < self.mem_fraction <= 1:
+            raise ConfigError(f"{where}: [scheduler] mem_fraction must be in (0, 1], got {self.mem_fraction}")
+        if self.kv_tokens < 0 or self.max_running_requests < 0:
+            raise ConfigError(f"{where}: [scheduler] kv_tokens and max_running_requests must be >= 0")
+
+
+@dataclass(frozen=True)
+class LatencyConfig:
+    kind: str = "profile"
+    profile: str = "profiles/a100-pcie-40gb/qwen2.5-32b/tp1"
+    noise_cv: float = 0.0  # > 0: overrides the profile's stage-jitter CV
+    variance: bool = True  # the profile's run-to-run variance ([ground_truth]); false: zero-variance truth
+    stage_ms: float = 10.0  # kind = "constant" only
+    overhead_ms: float = 0.0  # kind = "constant" only
+    # what-if values of the profile's free parameters, e.g. {allreduce_busbw_gbps = 12.0}
+    # (keys: sim.latency.analysis.OVERRIDE_KEYS); the profile on disk is not changed
+    overrides: Mapping[str, Any] = field(default_factory=dict)
+
+    def validate(self, where: str) -> None:
+        if self.kind not in ("profile", "constant"):
+            raise ConfigError(f"{where}: [latency] kind must be one of: profile, constant; got {self.kind!r}")
+        if self.noise_cv < 0:
+            raise ConfigError(f"{where}: [latency] noise_cv must be >= 0, got {self.noise_cv}")
+        for key, val in self.overrides.items():  # key names are checked against the profile when it loads
+            if key != "mode" and (isinstance(val, bool) or not isinstance(val, (int, float)) or val < 0):
+                raise ConfigError(f"{where}: [latency.overrides] {key} must be a number >= 0, got {val!r}")
+        if self.stage_ms <= 0 or self.overhead_ms < 0:
+            raise ConfigError(f"{where}: [latency] stage_ms must be > 0 and overhead_ms >= 0, "
+                              f"got {self.stage_ms} and {self.overhead_ms}")
+
+    def profile_path(self) -> Path:
+        p = Path(self.profile)
+        return p if p.is_absolute() else REPO_ROOT / p
+
+
+ON_KV_EXHAUSTED = ("exit", "retract")
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """What the server does when a prefill/mixed batch cannot allocate its KV.
+
+    `"exit"` (default, the artifact): the run ends with status "failed", as the real server
+    exits. `"retract"`: the prefill part of the batch is dropped and the slot runs a decode
+    batch instead, retracting and requeueing requests as on a decode OOM; the run goes on."""
+
+    on_kv_exhausted: str = "exit"
+
+    def validate(self, where: str) -> None:
+        if self.on_kv_exhausted not in ON_KV_EXHAUSTED:
+            raise ConfigError(f"{where}: [server] on_kv_exhausted must be one of: {', '.join(ON_KV_EXHAUSTED)}; "
+                              f"got {self.on_kv_exhausted!r}")
+
+
+@dataclass(frozen=True)
+class PluginsConfig:
+    """User plug-ins to import before the run: `.py` files (relative paths are resolved
+    against the config file when it is loaded) or importable module names."""
+
+    modules: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    seed: int = 1
+    horizon_s: float = 0.0
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    latency: LatencyConfig = field(default_factory=LatencyConfig)
+    slo: SLOConfig = field(default_factory=SLOConfig)
+    server: ServerConfig = field(default_factory=ServerConfig)
+    workload: Mapping[str, Any] = field(default_factory=dict)
+    plugins: PluginsConfig = field(default_factory=PluginsConfig)
+
+    def validate(self, where: str) -> None:
+        if self.horizon_s < 0:
+            raise ConfigError(f"{where}: horizon_s must be >= 0, got {self.horizon_s}")
+        if not 0 <= self.seed < 2**63:
+            raise ConfigError(f"{where}: seed must be an integer in [0, 2^63), got {self.seed}")
+        if not self.workload:
+            raise ConfigError(f"{where}: missing section [workload]")
+        for sec in (self.parallel, self.scheduler, self.latency, self.slo, self.server):
+            sec.validate(where)
+
+    def to_dict(self) -> dict[str, Any]:
+        return _to_plain(dataclasses.asdict(self))
+
+
+def _to_plain(obj):
+    if isinstance(obj, Mapping):
+        return {k: _to_plain(v) for k, v in obj.items() if v is not None}
+    if isinstance(obj, (list, tuple)):
+        return [_to_plain(v) for v in obj]
+    return obj
+
+
+def _type_name(tp) -> str:
+    return getattr(tp, "__name__", str(tp))
+
+
+def _convert(value: Any, tp: Any, where: str, key: str) -> Any:
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        return _convert(value, args[0], where, key)
+    if dataclasses.is_dataclass(tp):
+        if not isinstance(value, Mapping):
+            raise ConfigError(f"{where}: [{key}] must be a table, got {value!r}")
+        return _from_table(tp, value, where, key)
+    if origin is tuple:
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{where}: {key} must be an array, got {value!r}")
+        return tuple(_convert(v, typing.get_args(tp)[0], where, key) for v in value)
+    if tp is Mapping[str, Any] or origin in (Mapping, dict, typing.Mapping):
+        if not isinstance(value, Mapping):
+            raise ConfigError(f"{where}: {key} must be a table, got {value!r}")
+        return copy.deepcopy(dict(value))
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"{where}: {key} must be a number, got {value!r}")
+        return float(value)
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{where}: {key} must be an integer, got {value!r}")
+        return value
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{where}: {key} must be true or false, got {value!r}")
+        return value
+    if tp is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"{where}: {key} must be a string, got {value!r}")
+        return value
+    raise TypeError(f"unsupported config type {tp}")
+
+
+def _from_table(cls, table: Mapping[str, Any], where: str, prefix: str = ""):
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls)]
+    for key in table:
+        if key not in names:
+            loc = f"[{prefix}] " if prefix else ""
+            raise ConfigError(f"{where}: {loc}unknown key {key!r}; allowed: {', '.join(names)}")
+    kwargs = {}
+    for name in names:
+        if name in table:
+            full = f"{prefix}.{name}" if prefix else name
+            kwargs[name] = _convert(table[name], hints[name], where, full)
+    return cls(**kwargs)
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    """`a.b.c=value` -> (['a','b','c'], value); value parsed as TOML, else a plain string."""
+    if "=" not in text:
+        raise ConfigError(f"--set {text!r}: expected key=value")
+    key, raw = text.split("=", 1)
+    path = [p for p in key.strip().split(".") if p]
+    if not path:
+        raise ConfigError(f"--set {text!r}: empty key")
+    try:
+        value = tomllib.loads(f"v = {raw.strip()}")["v"]
+    except tomllib.TOMLDecodeError:
+        value = raw.strip()
+    return path, value
+
+
+def attribute_to_override(message: str, overrides: list[str]) -> str:
+    """Blame a `--set` override for an error it caused: when the message names an override's
+    key (its last dotted part, as a word) or its value, the message is re-headed
+    `--set KEY=VALUE: ...` instead of the config or workload file the value landed in."""
+    import re
+
+    hits = []
+    for text in overrides:
+        if "=" not in text:
+            continue
+        key, raw = text.split("=", 1)
+        leaf = key.strip().split(".")[-1]
+        value = raw.strip().strip('"\'')
+        if leaf and re.search(rf"(?<![\w-]){re.escape(leaf)}(?![\w-])", message):
+            hits.append((0, text))
+        elif value and re.search(rf"(?<![\w.-]){re.escape(value)}(?![\w.-])", message):
+            hits.append((1, text))
+    if not hits or message.startswith("--set "):
+        return message
+    text = min(hits, key=lambda h: h[0])[1]
+    head, sep, rest = message.partition(": ")
+    # NOTE: drop the file the value landed in (a path or "config [section]"), keep the rest.
+    if sep and (" " not in head or re.fullmatch(r"config( \[[\w.]+\])?", head)):
+        message = f"{rest} (overriding {head})"
+    return f"--set {text}: {message}"
+
+
+def apply_overrides(table: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    table = copy.deepcopy(table)
+    for text in overrides:
+        path, value = parse_override(text)
+        node = table
+        for part in path[:-1]:
+            nxt = node.setdefault(part, {})
+            if not isinstance(nxt, dict):
+                raise ConfigError(f"--set {text!r}: {part!r} is not a table")
+            node = nxt
+        node[path[-1]] = value
+    return table
+
+
+def config_from_table(table: Mapping[str, Any], where: str = "config") -> RunConfig:
+    cfg = _from_table(RunConfig, table, where)
+    cfg.validate(where)
+    return cfg
+
+
+def load_config(path: str | Path, overrides: list[str] | None = None) -> RunConfig:
+    return config_from_table(load_table(path, overrides), str(path))
+
+
+def load_table(path: str | Path, overrides: list[str] | None = None) -> dict[str, Any]:
+    """The config file's table with `--set` overrides applied (not yet validated)."""
+    from sim.core.plugins import resolve_table_paths
+    from sim.core.tomlio import read_toml
+
+    table = resolve_table_paths(read_toml(path, ConfigError, "config file not found"), Path(path).parent, str(path))
+    return apply_overrides(table, overrides or [])

@@ -1,0 +1,118 @@
+"""What a run simulated, in words: the header of `ppsim run`, `goodput`, `plan` and `validate`.
+
+`describe(cfg)` returns an ordered dict (model, GPU, interconnect, deployment TP x PP x replicas,
+chunk policy, workload and its source, rate, seed, profile provenance); `format_header` turns
+it into `# key: value` lines. Given the built request list, the workload line also states how
+many requests arrived over how long (the offered rate as simulated, not only as configured).
+Reading the profile's meta.toml and the trace file (cached by its reader) are the only I/O.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from sim.core.errors import DataError, PipeSimError
+from sim.core.tomlio import read_toml
+
+
+def _fmt_params(params: Mapping[str, Any]) -> str:
+    return ", ".join(f"{k}={v}" for k, v in params.items())
+
+
+def describe_profile(profile_dir: Path, label: str | None = None) -> dict[str, str]:
+    """Model, GPU, interconnect and provenance from a profile's meta.toml (`label`: its name)."""
+    meta = read_toml(profile_dir / "meta.toml", DataError, "not a profile directory (meta.toml missing)")
+    prof, comm = meta.get("profile", {}), meta.get("comm", {})
+    fits = meta.get("fit", [])
+    fitted = [f["param"] for f in fits if str(f.get("status", "")).startswith("fitted")]
+    prov = f"{label or profile_dir}, derived from {prof.get('base_hardware', '?')}"
+    prov += f"; {len(prof.get('sources', []))} source files"
+    if fitted:
+        prov += f"; fitted: {', '.join(fitted)}"
+    return {
+        "model": str(prof.get("model", "?")),
+        "gpu": str(prof.get("gpu", "?")),
+        "interconnect": (f"P2P {comm.get('p2p_alpha_us', '?')} us + {comm.get('p2p_bw_gbps', '?')} GB/s; all-reduce "
+                         f"{comm.get('allreduce_alpha_us', '?')} us + {comm.get('allreduce_busbw_gbps', '?')} GB/s bus "
+                         f"({comm.get('model', '?')})"),
+        "profile": prov,
+    }
+
+
+def describe_workload(table: Mapping[str, Any], requests: Sequence | None = None) -> tuple[str, str]:
+    """(workload and its source, rate) of a [workload] table; `requests` adds what was built."""
+    from sim.workloads import resolve_workload
+    from sim.workloads.trace import resolve_trace_file, trace_formats
+
+    merged, where = resolve_workload(table)
+    kind = merged.get("kind", "?")
+    name = table.get("name") or "inline"
+    src = f"{name} ({kind}"
+    if kind == "trace":
+        fmt = merged.get("format", "auto")
+        try:
+            path = resolve_trace_file(merged.get("file"), where)
+            note = trace_formats.get(str(fmt))(path, merged, where).source
+        except PipeSimError:
+            path, note = merged.get("file"), "file not readable"
+        src = f"{'trace file' if name == 'inline' else name} {path} ({note}"
+        if "limit" in merged:
+            src += f", first {merged['limit']} rows (--limit)"
+    elif kind == "poisson":
+        src += f", lengths {merged.get('lengths', {}).get('source', '?')}"
+        if "table" in merged.get("lengths", {}):
+            src += f" {merged['lengths']['table']}"
+    elif kind == "synthetic-uniform":
+        src += f", input {merged.get('input_range')}, output {merged.get('output_range')}"
+    src += ")"
+    if merged.get("arrivals") == "timestamps":
+        speed = merged.get("timestamp_speedup", 1.0)
+        rate = "recorded arrival times" + (f" / {speed:g} (timestamp_speedup)" if speed != 1.0 else "")
+        if "window_minutes" in merged:
+            rate += f", minutes {merged.get('window_start_minutes', 0):g}-" \
+                    f"{merged.get('window_start_minutes', 0) + merged['window_minutes']:g}"
+    else:
+        rate = f"Poisson {merged.get('rate_rps', '?')} req/s"
+    if requests:
+        span = requests[-1].arrival_s - requests[0].arrival_s
+        rate += f"; {len(requests)} requests over {span:.1f} s"
+        if span > 0:
+            rate += f" ({len(requests) / span:.3g} req/s offered: count / span, as `workload stats`)"
+    return src, rate
+
+
+def describe(cfg, requests: Sequence | None = None) -> dict[str, str]:
+    """What `cfg` simulates, as ordered `name: text` pairs (see the module docstring)."""
+    par, sc, lat = cfg.parallel, cfg.scheduler, cfg.latency
+    out: dict[str, str] = {}
+    if lat.kind == "profile":
+        prof = describe_profile(lat.profile_path(), lat.profile)
+        out.update(model=prof["model"], gpu=prof["gpu"], interconnect=prof["interconnect"])
+    else:
+        out.update(model="n/a", gpu=f"constant latency model ({lat.stage_ms} ms per stage, "
+                                    f"{lat.overhead_ms} ms overhead)", interconnect="n/a")
+    gpus = par.tp * par.pp * par.replicas
+    dep = f"TP{par.tp} x PP{par.pp} x {par.replicas} replica{'s' if par.replicas > 1 else ''} = {gpus} GPUs"
+    if par.replicas > 1:
+        dep += f", {par.router} router"
+    out["deployment"] = dep
+    policy = f"{sc.chunk_policy.name} (chunk {sc.chunk_size_tokens} tokens"
+    policy += f", {_fmt_params(sc.chunk_policy.params)})" if sc.chunk_policy.params else ")"
+    if sc.rebalancer:
+        policy += f"; rebalancer {sc.rebalancer.name}"
+    out["chunk policy"] = policy
+    out["workload"], out["rate"] = describe_workload(cfg.workload, requests)
+    out["seed"] = str(cfg.seed)
+    out["slo"] = f"TTFT {cfg.slo.ttft_ms:g} ms, TPOT {cfg.slo.tpot_ms:g} ms"
+    if cfg.horizon_s:
+        out["horizon"] = f"{cfg.horizon_s:g} s"
+    out["profile"] = prof["profile"] if lat.kind == "profile" else "n/a"
+    if lat.kind == "profile" and lat.noise_cv:
+        out["profile"] += f"; noise CV {lat.noise_cv:g}"
+    return out
+
+
+def format_header(ctx: Mapping[str, str]) -> str:
+    width = max(len(k) for k in ctx)
+    return "\n".join(f"# {k + ':':<{width + 1}} {v}" for k, v in ctx.items())

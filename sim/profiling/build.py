@@ -1,0 +1,303 @@
+"""`ppsim profile build`: a latency profile for any dense model on a GPU + interconnect, from kernel data.
+
+A built profile has today's format (profiles/FORMAT.md), so every command takes it:
+
+- `layer_nonattn.csv`: the kernel model (`sim.profiling.kernels.KernelModel`) of the GPU's kernel-data
+  family at the model's GEMM shapes for one TP shard, on the Vidur token grid, plus element-wise ops.
+- `attention.csv`: the family's attention fit scaled to the shard's query / KV dims.
+- `meta.toml`: shapes, the GPU's sibling-SKU scaling and lookup (for a100-pcie-40gb the calibrated values
+  of profiles/fits.toml, as the hand-built profiles), overheads (the LM head from the GEMM model, the rest
+  defaults), the interconnect's alpha-beta model, the GPU's memory, and provenance:
+  `[profile] source = "built"`, `attention = "fitted" | "scaled"`, the kernel and data files used, and
+  `[fit_errors]` (leave-one-model-out GEMM errors of the family, per GEMM and per layer sum of the four
+  GEMMs, attention fit errors, which GEMM shapes were measured and which predicted), and `[ground_truth]`
+  (structure and variance of the truth, FORMAT.md): every key of the calibrated hand-built Qwen2.5-32B
+  A100 PCIe profile's section, copied as it is (assumed for other models and GPUs), except `sm_count`,
+  which comes from the GPU TOML.
+
+No comm.csv is written (alpha-beta only), so the built library stays small.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+
+from sim.core.lazy import lazy
+
+np = lazy("numpy")
+
+from sim.core import tomlio
+from sim.core.errors import DataError
+from sim.profiling.kernels import GEMM_OPS, KernelModel, gemm_shapes
+from sim.profiling.specs import (PROFILES, GpuSpec, Interconnect, ModelArch, load_gpu, load_interconnect,
+                               load_model)
+
+LAYER_COLS = ["qkv_proj", "o_proj", "gate_up_proj", "down_proj", "act", "rope", "rmsnorm_x2", "residual_add",
+              "linear_ms", "layer_nonattn_ms"]
+DEFAULT_OVERHEAD = {"embedding_ms": 0.1, "sample_ms": 0.2, "broadcast_us": 30}
+BUILT_DIR = PROFILES / "built"
+TPS = (1, 2, 4, 8)
+# The calibrated profile whose [ground_truth] section every built profile carries (profiles/README.md).
+GROUND_TRUTH_PROFILE = "a100-pcie-40gb/qwen2.5-32b/tp1/meta.toml"
+
+
+def ground_truth_section(gpu: GpuSpec) -> dict:
+    """[ground_truth] for a built profile: every key of the calibrated hand-built profile's section (copied,
+    not listed here, so new keys carry over), `sm_count` from the GPU TOML, and where the values come from."""
+    path = PROFILES / GROUND_TRUTH_PROFILE
+    if not path.is_file():
+        raise DataError(f"{path}: hand-built profile missing (python profiles/build_a100.py writes it)")
+    gt = dict(tomllib.loads(path.read_text()).get("ground_truth", {}))
+    if not gt:
+        raise DataError(f"{path}: no [ground_truth] section to transfer")
+    if gpu.sm_count:
+        gt["sm_count"] = gpu.sm_count
+    gt["source"] = (f"transferred from the calibrated Qwen2.5-32B A100 PCIe profile (profiles/{GROUND_TRUTH_PROFILE}; "
+                    "assumed for other models/GPUs)"
+                    + (f"; sm_count from profiles/gpus/{gpu.name}.toml" if gpu.sm_count else ""))
+    return gt
+
+
+def _fits_file(name: str) -> dict:
+    """[[fit]] entries (param -> entry) and [lookup] of a calibration output in profiles/."""
+    path = PROFILES / name
+    if not path.is_file():
+        return {"fit": {}, "lookup": {}}
+    raw = tomllib.loads(path.read_text())
+    return {"fit": {f["param"]: f for f in raw.get("fit", [])}, "lookup": raw.get("lookup", {})}
+
+
+def gpu_scaling(gpu: GpuSpec) -> tuple[dict, list[dict]]:
+    """(values: s_mem, s_comp, lookup, cpu_ms, status, source; [[fit]] records) for a GPU."""
+    sc = gpu.scaling
+    if "calibration" in sc:
+        fits = _fits_file(sc["calibration"])
+        fit = fits["fit"]
+        vals = {"s_mem": fit.get("s_mem", {}).get("value", 1.25), "s_comp": fit.get("s_comp", {}).get("value", 1.10),
+                "cpu_ms": fit.get("cpu_ms", {}).get("value", 2.0), "lookup": fits["lookup"].get("mode", "grid"),
+                "status": str(sc.get("status", "")), "source": f"profiles/{sc['calibration']}"}
+        records = [{**fit[p], "record": f"profiles/{sc['calibration']}"} for p in ("s_mem", "s_comp", "cpu_ms")
+                   if p in fit]
+        return vals, records
+    vals = {k: sc.get(k, d) for k, d in (("s_mem", 1.0), ("s_comp", 1.0), ("cpu_ms", 2.0), ("lookup", "grid"))}
+    vals["status"] = str(sc.get("status", "default"))
+    vals["source"] = f"profiles/gpus/{gpu.name}.toml"
+    records = [{"param": p, "value": vals[p], "status": vals["status"], "target": "", "achieved": "",
+                "residual": ""} for p in ("s_mem", "s_comp", "cpu_ms")]
+    return vals, records
+
+
+def comm_model(ic: Interconnect, km: KernelModel, tp: int) -> tuple[dict, str, list[dict]]:
+    """([comm] alpha-beta values, derivation text, [[fit]] records) of an interconnect for a GPU family."""
+    if ic.families and km.family not in ic.families:
+        raise DataError(f"--interconnect {ic.name!r}: no data for {km.family} GPUs; allowed for this GPU: "
+                        f"{', '.join(allowed_interconnects(km))}")
+    if ic.kind == "fixed":
+        vals = {k: float(ic.values[k]) for k in ("p2p_alpha_us", "p2p_bw_gbps", "allreduce_alpha_us",
+                                                  "allreduce_busbw_gbps")}
+        records = []
+        how = f"{ic.name}: fixed alpha-beta values of profiles/interconnects/{ic.name}.toml ({ic.source})"
+        if ic.calibration:
+            fit = _fits_file(ic.calibration)["fit"]
+            for p in ("allreduce_busbw_gbps", "allreduce_alpha_us"):
+                if p in fit:
+                    vals[p] = float(fit[p]["value"])
+                    records.append({**fit[p], "record": f"profiles/{ic.calibration}"})
+            how += f"; all-reduce from profiles/{ic.calibration}"
+        return vals, how, records
+    fam = km.family
+    table = km.meta.get("comm", {}).get(ic.name)
+    notes = []
+    if table is None or not any(k.startswith("all_reduce_") for k in table):
+        alt = ic.fallback_family.get(fam)
+        if alt is None:
+            raise DataError(f"--interconnect {ic.name!r}: no measured collectives for {fam} GPUs")
+        alt_table = KernelModel.load(alt).meta.get("comm", {}).get(ic.name, {})
+        notes.append(f"all-reduce borrowed from the {alt} fit (no {fam} all-reduce measured)")
+        merged = dict(alt_table)
+        merged.update({k: v for k, v in (table or {}).items() if k == "send_recv"})
+        table = merged
+    sr = table["send_recv"]
+    ns = sorted(int(k.rsplit("_", 1)[1]) for k in table if k.startswith("all_reduce_"))
+    n = tp if tp in ns else max(ns)
+    if tp > 1 and n != tp:
+        notes.append(f"TP{tp} uses the {n}-GPU all-reduce fit (largest group measured): extrapolated")
+    ar = table[f"all_reduce_{n}"]
+    vals = {"p2p_alpha_us": sr["alpha_us"], "p2p_bw_gbps": sr["bw_gbps"], "allreduce_alpha_us": ar["alpha_us"],
+            "allreduce_busbw_gbps": ar["busbw_gbps"]}
+    how = (f"{ic.name}: alpha-beta fits of measured NCCL tables ({', '.join(table.get('sources', []))}), "
+           f"profiles/kernels/{fam}.toml [comm.{ic.name}]; send_recv 2 GPUs, all-reduce {n} GPUs"
+           + ("; " + "; ".join(notes) if notes else ""))
+    status = "fitted to measured collectives (alpha-beta)" + (" (" + "; ".join(notes) + ")" if notes else "")
+    records = [{"param": p, "value": vals[p], "status": status, "target": "", "achieved": "", "residual": ""}
+               for p in ("allreduce_busbw_gbps", "allreduce_alpha_us", "p2p_bw_gbps", "p2p_alpha_us")]
+    return vals, how, records
+
+
+def allowed_interconnects(km: KernelModel) -> list[str]:
+    from sim.profiling.specs import interconnect_names
+
+    out = []
+    for name in interconnect_names():
+        ic = load_interconnect(name)
+        if not ic.families or km.family in ic.families:
+            out.append(name)
+    return out
+
+
+def _fmt(x: float) -> str:
+    return f"{x:.5g}"
+
+
+COMPACT_COLS = ["linear_ms", "layer_nonattn_ms"]
+
+
+def render_layer_csv(layer, compact: bool = False) -> str:
+    cols = COMPACT_COLS if compact else LAYER_COLS
+    lines = [",".join(["num_tokens"] + cols)]
+    for n, row in layer.iterrows():
+        lines.append(",".join([str(int(n))] + [_fmt(row[c]) for c in cols]))
+    return "\n".join(lines) + "\n"
+
+
+def render_attention_csv(pre: dict, dec: dict) -> str:
+    return "\n".join(["component,a_ms,b_c,b_c2,b_cp,b_ctx",
+                      ",".join(["prefill"] + [_fmt(pre[k]) for k in ("a_ms", "b_c", "b_c2", "b_cp")] + [""]),
+                      ",".join(["decode", _fmt(dec["a_ms"]), "", "", "", _fmt(dec["b_ctx"])])]) + "\n"
+
+
+def build_profile(model: ModelArch, gpu: GpuSpec, ic: Interconnect, tp: int, out: str | Path,
+                  compact: bool = False):
+    """Write a built profile to `out` and return the loaded `Profile`. `compact` (the shipped library)
+    writes only the linear and total columns of layer_nonattn.csv; the timing is the same."""
+    from sim.latency.profiled import Profile
+
+    model.check_tp(tp)
+    km = KernelModel.load(gpu.kernel_data)
+    comm, comm_how, comm_records = comm_model(ic, km, tp)
+    scaling, scale_records = gpu_scaling(gpu)
+    arch = model.kernel_arch
+    layer = km.layer_table(arch, tp)
+    pre, dec, att_status = km.attention(arch, tp)
+    # LM head: one vocab x hidden GEMM on the sampled rows (few tokens: memory bound), full vocabulary
+    # (the profile divides it by TP); the 1-token point of the GEMM model.
+    lm_head_ms = float(km.gemm_ms(model.vocab_size, model.hidden_size)[0])
+    shapes = gemm_shapes(arch, tp)
+    measured = {op: km.gemm_is_measured(*shapes[op]) for op in GEMM_OPS}
+    val = km.meta.get("validation", {})
+    att_q = km.meta["attention"].get("quality", {})
+    data_source = (f"Vidur measured kernels ({gpu.kernel_data} data"
+                   + (f", scaled to {gpu.display}" if scaling["s_mem"] != 1.0 or scaling["s_comp"] != 1.0 else "")
+                   + f"); attention {att_status}")
+    sources = [f"profiles/kernels/{km.family}.toml", f"profiles/kernels/{km.family}-gemm.csv",
+               f"profiles/gpus/{gpu.name}.toml", f"profiles/interconnects/{ic.name}.toml", model.source,
+               f"profiles/{GROUND_TRUTH_PROFILE}"]
+    sources += km.sources + list(km.meta["attention"].get("sources", []))
+    meta = {
+        "profile": {"gpu": gpu.display, "model": model.name, "tp": tp, "source": "built",
+                    "data_source": data_source, "attention": att_status, "gpu_spec": gpu.name,
+                    "interconnect": ic.name, "kernel_data": km.family,
+                    "base_hardware": f"Vidur {km.family} kernel data",
+                    "units": {"time": "ms", "size": "bytes", "bandwidth": "GB/s (1e9 B/s)"},
+                    "sources": list(dict.fromkeys(sources))},
+        "model": {"num_layers": model.num_layers, "hidden_size": model.hidden_size,
+                  "num_q_heads": model.num_q_heads, "num_kv_heads": model.num_kv_heads,
+                  "head_dim": model.head_dim, "vocab_size": model.vocab_size,
+                  "intermediate_size": model.intermediate_size, "layer_params": model.layer_params,
+                  "embedding_params": model.embedding_params, "dtype_bytes": model.dtype_bytes,
+                  "gated_mlp": model.gated_mlp, "qkv_bias": model.qkv_bias,
+                  "tied_embeddings": model.tied_embeddings},
+        "lookup": {"mode": scaling["lookup"]},
+        "scaling": {"s_mem": scaling["s_mem"], "s_comp": scaling["s_comp"], "mem_bound_tokens": 128,
+                    "comp_bound_tokens": 1024, "status": scaling["status"], "source": scaling["source"]},
+        "overhead": {"cpu_ms": scaling["cpu_ms"], "lm_head_ms": round(lm_head_ms, 4), **DEFAULT_OVERHEAD},
+        "comm": {"model": "alpha-beta", "activation_bytes_per_token": 2 * model.hidden_size * model.dtype_bytes,
+                 **comm},
+        "memory": {"gpu_mem_gib": gpu.memory_gib, "m_init_gib": gpu.m_init_gib},
+        "ground_truth": ground_truth_section(gpu),
+        "derivation": {
+            "layer_nonattn": (f"GEMMs from the {km.family} kernel model at (N, K) per op for TP{tp}: "
+                              + ", ".join(f"{op} {shapes[op][0]}x{shapes[op][1]} "
+                                          f"({'measured' if measured[op] else 'predicted from neighbouring shapes'})"
+                                          for op in GEMM_OPS)
+                              + "; act, rope, 2 x rmsnorm, residual add by bytes moved"),
+            "attention": (f"{att_status}: {km.meta['attention'].get('method', '')}; scaled to "
+                          f"{model.num_q_heads // tp} q / {max(1, model.num_kv_heads // tp)} kv heads x "
+                          f"{model.head_dim} per GPU"),
+            "lm_head": f"lm_head_ms = GEMM model at {model.vocab_size}x{model.hidden_size}, 1 token (memory bound)",
+            "overhead": "embedding_ms, sample_ms, broadcast_us: defaults, not fitted",
+            "comm": comm_how,
+            "scaling": f"{scaling['status']} ({scaling['source']})",
+        },
+        "fit_errors": {"gemm_loo_median_rel_err": val.get("loo_median_rel_err", float("nan")),
+                       "gemm_loo_p90_rel_err": val.get("loo_p90_rel_err", float("nan")),
+                       "gemm_layer_loo_median_rel_err": val.get("layer_median_rel_err", float("nan")),
+                       "gemm_layer_loo_p90_rel_err": val.get("layer_p90_rel_err", float("nan")),
+                       "gemm_measured_ops": [op for op in GEMM_OPS if measured[op]],
+                       "gemm_predicted_ops": [op for op in GEMM_OPS if not measured[op]],
+                       **{f"attention_{c}_median_rel_err": q.get("median_rel_err", 0.0) for c, q in att_q.items()},
+                       **{f"attention_{c}_p90_rel_err": q.get("p90_rel_err", 0.0) for c, q in att_q.items()}},
+    }
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    if compact:
+        meta["derivation"]["columns"] = ("per-op columns omitted to keep the shipped library small; "
+                                         "ppsim profile build --out DIR writes them")
+    (out / "layer_nonattn.csv").write_text(render_layer_csv(layer, compact))
+    (out / "attention.csv").write_text(render_attention_csv(pre, dec))
+    (out / "comm.csv").unlink(missing_ok=True)
+    text = "# Generated by ppsim profile build; do not edit by hand.\n" + tomlio.dumps(meta)
+    for rec in scale_records + comm_records:
+        # Calibrated values point at their record (target, achieved, residual, method live there).
+        fields = ("param", "value", "status", "record", "residual") if "record" in rec else \
+            ("param", "value", "status", "target", "achieved", "residual")
+        keep = {k: rec[k] for k in fields if k in rec}
+        text += "\n[[fit]]\n" + tomlio.dumps(keep)
+    (out / "meta.toml").write_text(text)
+    return Profile.load(out)
+
+
+def resolve_model(name: str | None, config: str | None) -> ModelArch:
+    from sim.profiling.specs import model_from_hf_config
+
+    if (name is None) == (config is None):
+        raise DataError("profile build: give exactly one of --model NAME or --model-config PATH")
+    return load_model(name) if name else model_from_hf_config(config)
+
+
+def built_dir(root: Path, gpu: GpuSpec, ic_name: str, model: str, tp: int) -> Path:
+    """profiles/built/<gpu>[-<ic>]/<model>/tp<T>: the interconnect is named only when not the GPU's default."""
+    gdir = gpu.name if ic_name == gpu.default_interconnect else f"{gpu.name}-{ic_name}"
+    return root / gdir / model / f"tp{tp}"
+
+
+def build_all(root: Path = BUILT_DIR, progress: bool = True) -> list[Path]:
+    """Every shipped model x GPU (its default interconnect) x TP in {1,2,4,8} that is allowed and fits
+    on at most 8 GPUs."""
+    from sim.profiling.specs import allowed_tps, fits_somewhere, gpu_names, model_names
+
+    jobs = []
+    for g in gpu_names():
+        gpu = load_gpu(g)
+        for m in model_names():
+            model = load_model(m)
+            for tp in allowed_tps(model, TPS):
+                if fits_somewhere(model, gpu, tp):
+                    jobs.append((gpu, model, tp))
+    written = []
+    it = jobs
+    if progress:
+        from tqdm import tqdm
+
+        it = tqdm(jobs, desc="profile build --all", unit="profile")
+    for gpu, model, tp in it:
+        ic = load_interconnect(gpu.default_interconnect)
+        out = built_dir(root, gpu, ic.name, model.name, tp)
+        build_profile(model, gpu, ic, tp, out, compact=True)
+        written.append(out)
+    return written
+
+
+def model_id(model: ModelArch) -> str:
+    return model.name

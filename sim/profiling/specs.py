@@ -1,0 +1,300 @@
+"""Model architectures, GPUs and interconnects as data (profiles/models, profiles/gpus, profiles/interconnects).
+
+- `ModelArch`: a dense decoder-only transformer (layers, hidden, FFN, q/KV heads, head dim, vocabulary,
+  gated MLP, QKV bias, tied embeddings, dtype bytes), read from `profiles/models/<name>.toml` or parsed
+  offline from a Hugging Face `config.json` (`model_from_hf_config`; MoE and missing fields are refused
+  with a one-line error naming the field).
+- `GpuSpec`: memory, HBM bandwidth, BF16 peak, the kernel-data family it uses and the scaling applied when
+  that data comes from a sibling SKU (e.g. A100 80GB data for an A100 40GB PCIe).
+- `Interconnect`: how TP all-reduces and PP sends are costed (alpha-beta), and where the numbers come from.
+
+Readers raise `DataError` (one line, file and field named); nothing here times anything.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from sim.core.errors import DataError
+from sim.profiling.kernels import Arch
+from sim.core.tomlio import read_toml
+
+PROFILES = Path(__file__).resolve().parents[2] / "profiles"
+MODELS_DIR = PROFILES / "models"
+GPUS_DIR = PROFILES / "gpus"
+INTERCONNECTS_DIR = PROFILES / "interconnects"
+GIB = 1 << 30
+
+DENSE_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+MOE_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_intermediate_size", "num_experts_per_tok")
+
+
+@dataclass(frozen=True)
+class ModelArch:
+    name: str                  # id used in paths and configs, e.g. "qwen2.5-32b"
+    num_layers: int
+    hidden_size: int
+    intermediate_size: int
+    num_q_heads: int
+    num_kv_heads: int
+    head_dim: int
+    vocab_size: int
+    gated_mlp: bool = True
+    qkv_bias: bool = False
+    tied_embeddings: bool = False
+    dtype_bytes: int = 2
+    source: str = ""
+
+    @property
+    def kernel_arch(self) -> Arch:
+        return Arch(self.hidden_size, self.intermediate_size, self.num_q_heads, self.num_kv_heads,
+                    self.head_dim, self.gated_mlp, self.dtype_bytes)
+
+    @property
+    def layer_params(self) -> int:
+        """One unsharded layer: QKV (+ bias), O, MLP, two norm weights."""
+        h, d = self.hidden_size, self.head_dim
+        qkv = (self.num_q_heads + 2 * self.num_kv_heads) * d
+        mlp = (3 if self.gated_mlp else 2) * h * self.intermediate_size
+        return h * qkv + (qkv if self.qkv_bias else 0) + self.num_q_heads * d * h + mlp + 2 * h
+
+    @property
+    def embedding_params(self) -> int:
+        return self.vocab_size * self.hidden_size
+
+    def weight_bytes(self) -> float:
+        head = 0 if self.tied_embeddings else self.embedding_params
+        return (self.num_layers * self.layer_params + self.embedding_params + head) * self.dtype_bytes
+
+    def check_tp(self, tp: int, where: str = "--tp") -> None:
+        """TP must divide the query heads, and divide or be a multiple of the KV heads (SGLang replicates)."""
+        if tp < 1 or self.num_q_heads % tp or (self.num_kv_heads % tp and tp % self.num_kv_heads):
+            raise DataError(f"{where} {tp}: does not divide the heads of {self.name} ({self.num_q_heads} q / "
+                            f"{self.num_kv_heads} kv heads); allowed: "
+                            f"{', '.join(str(t) for t in allowed_tps(self))}")
+
+
+def allowed_tps(m: ModelArch, candidates=(1, 2, 4, 8)) -> list[int]:
+    return [t for t in candidates if not m.num_q_heads % t and (not m.num_kv_heads % t or not t % m.num_kv_heads)]
+
+
+MODEL_INT_KEYS = ("num_layers", "hidden_size", "intermediate_size", "num_q_heads", "num_kv_heads", "head_dim",
+                  "vocab_size")
+
+
+def _int(table: dict, key: str, where: str) -> int:
+    v = table.get(key)
+    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+        raise DataError(f"{where}: field {key!r} must be an integer >= 1, got {v!r}")
+    return v
+
+
+def _bool(table: dict, key: str, where: str, default: bool) -> bool:
+    v = table.get(key, default)
+    if not isinstance(v, bool):
+        raise DataError(f"{where}: field {key!r} must be true or false, got {v!r}")
+    return v
+
+
+def model_from_table(m: dict, name: str, where: str) -> ModelArch:
+    vals = {k: _int(m, k, where) for k in MODEL_INT_KEYS}
+    db = m.get("dtype_bytes", 2)
+    if db not in (1, 2, 4):
+        raise DataError(f"{where}: field 'dtype_bytes' must be 1, 2 or 4, got {db!r}")
+    arch = ModelArch(name=name, **vals, gated_mlp=_bool(m, "gated_mlp", where, True),
+                     qkv_bias=_bool(m, "qkv_bias", where, False),
+                     tied_embeddings=_bool(m, "tied_embeddings", where, False), dtype_bytes=db,
+                     source=str(m.get("source", where)))
+    if arch.num_q_heads % arch.num_kv_heads:
+        raise DataError(f"{where}: field 'num_kv_heads' ({arch.num_kv_heads}) must divide 'num_q_heads' "
+                        f"({arch.num_q_heads})")
+    return arch
+
+
+def model_names() -> list[str]:
+    return sorted(p.stem for p in MODELS_DIR.glob("*.toml"))
+
+
+def load_model(name: str) -> ModelArch:
+    path = MODELS_DIR / f"{name}.toml"
+    if not path.is_file():
+        raise DataError(f"--model {name!r}: unknown model; allowed: {', '.join(model_names())} "
+                        f"(or --model-config PATH to a Hugging Face config.json)")
+    cfg = read_toml(path, DataError)
+    if not isinstance(cfg.get("model"), dict):
+        raise DataError(f"{path}: missing table [model]")
+    return model_from_table(cfg["model"], name, str(path))
+
+
+def model_from_hf_config(path: str | Path, name: str | None = None) -> ModelArch:
+    """A dense Llama/Qwen/Mistral-style model from a Hugging Face config.json, offline."""
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(f"{path}: config.json not found (--model-config)")
+    try:
+        cfg = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise DataError(f"{path}: not valid JSON: {exc}") from None
+    if not isinstance(cfg, dict):
+        raise DataError(f"{path}: expected a JSON object")
+    where = str(path)
+    for key in MOE_KEYS:
+        if cfg.get(key):
+            raise DataError(f"{where}: field {key!r} = {cfg[key]!r}: mixture-of-experts models are not supported "
+                            f"(dense decoder-only models only)")
+    mt = cfg.get("model_type")
+    if mt not in DENSE_MODEL_TYPES:
+        raise DataError(f"{where}: field 'model_type' is {mt!r}; allowed: {', '.join(DENSE_MODEL_TYPES)}")
+    act = cfg.get("hidden_act", "silu")
+    if act != "silu":
+        raise DataError(f"{where}: field 'hidden_act' is {act!r}; allowed: 'silu' (gated MLP)")
+    for key in ("num_hidden_layers", "hidden_size", "intermediate_size", "num_attention_heads", "vocab_size"):
+        if key not in cfg:
+            raise DataError(f"{where}: missing field {key!r}")
+    heads = _int(cfg, "num_attention_heads", where)
+    hidden = _int(cfg, "hidden_size", where)
+    head_dim = cfg.get("head_dim") or hidden // heads
+    kv = cfg.get("num_key_value_heads") or heads
+    dtype = cfg.get("torch_dtype", "bfloat16")
+    if dtype not in ("bfloat16", "float16", "float32"):
+        raise DataError(f"{where}: field 'torch_dtype' is {dtype!r}; allowed: bfloat16, float16, float32")
+    table = {"num_layers": cfg["num_hidden_layers"], "hidden_size": hidden,
+             "intermediate_size": cfg["intermediate_size"], "num_q_heads": heads, "num_kv_heads": kv,
+             "head_dim": head_dim, "vocab_size": cfg["vocab_size"], "gated_mlp": True,
+             # Qwen2 has a QKV bias without a config key; Llama/Mistral say it in attention_bias.
+             "qkv_bias": bool(cfg.get("attention_bias", mt == "qwen2")),
+             "tied_embeddings": bool(cfg.get("tie_word_embeddings", False)),
+             "dtype_bytes": 2,      # served in BF16/FP16 whatever the checkpoint's dtype
+             "source": f"{path} (Hugging Face config.json, parsed offline)"}
+    hf_to_ours = {"num_layers": "num_hidden_layers", "num_q_heads": "num_attention_heads",
+                  "num_kv_heads": "num_key_value_heads"}
+    try:
+        return model_from_table(table, name or path.parent.name.lower() or "custom", where)
+    except DataError as exc:
+        # Name the config.json field rather than ours.
+        msg = str(exc)
+        for ours, theirs in hf_to_ours.items():
+            msg = msg.replace(f"field {ours!r}", f"field {theirs!r}")
+        raise DataError(msg) from None
+
+
+# -- GPUs and interconnects ----------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class GpuSpec:
+    name: str
+    display: str
+    memory_gib: float           # usable capacity
+    m_init_gib: float           # free memory before weights load (SGLang's profile_max_num_token)
+    hbm_bw_gbps: float
+    bf16_tflops: float
+    kernel_data: str            # profiles/kernels/<kernel_data>.toml
+    default_interconnect: str
+    scaling: dict = field(default_factory=dict)    # s_mem, s_comp, lookup, cpu_ms, status, source / calibration
+    source: str = ""
+    sm_count: int = 0           # streaming multiprocessors (0: not given)
+
+
+def _spec_table(folder: Path, name: str, table: str, flag: str, what: str, names) -> tuple[Path, dict, dict]:
+    """(path, whole file, its [table]) of the spec `folder/<name>.toml`, or a one-line DataError."""
+    path = folder / f"{name}.toml"
+    if not path.is_file():
+        raise DataError(f"{flag} {name!r}: unknown {what}; allowed: {', '.join(names())}")
+    cfg = read_toml(path, DataError)
+    sec = cfg.get(table)
+    if not isinstance(sec, dict):
+        raise DataError(f"{path}: missing table [{table}]")
+    return path, cfg, sec
+
+
+def gpu_names() -> list[str]:
+    return sorted(p.stem for p in GPUS_DIR.glob("*.toml"))
+
+
+def load_gpu(name: str) -> GpuSpec:
+    path, cfg, g = _spec_table(GPUS_DIR, name, "gpu", "--gpu", "GPU", gpu_names)
+    where = f"{path} [gpu]"
+    nums = {}
+    for key in ("memory_gib", "m_init_gib", "hbm_bw_gbps", "bf16_tflops"):
+        v = g.get(key)
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or v <= 0:
+            raise DataError(f"{where}: field {key!r} must be a positive number, got {v!r}")
+        nums[key] = float(v)
+    for key in ("kernel_data", "default_interconnect", "display"):
+        if not isinstance(g.get(key), str):
+            raise DataError(f"{where}: field {key!r} must be a string")
+    sms = g.get("sm_count", 0)
+    if isinstance(sms, bool) or not isinstance(sms, int) or sms < 0:
+        raise DataError(f"{where}: field 'sm_count' must be a positive integer, got {sms!r}")
+    return GpuSpec(name=name, display=g["display"], kernel_data=g["kernel_data"],
+                   default_interconnect=g["default_interconnect"], scaling=dict(cfg.get("scaling", {})),
+                   source=str(g.get("source", "")), sm_count=sms, **nums)
+
+
+@dataclass(frozen=True)
+class Interconnect:
+    name: str
+    description: str
+    kind: str                   # "fixed" (alpha-beta values here) or "measured" (fits in profiles/kernels)
+    values: dict                # kind = fixed: p2p_alpha_us, p2p_bw_gbps, allreduce_alpha_us, allreduce_busbw_gbps
+    families: tuple[str, ...]   # kernel-data families it exists for (empty: any)
+    fallback_family: dict       # family -> family whose measurements stand in for a missing op
+    source: str = ""
+    calibration: str = ""
+
+
+def interconnect_names() -> list[str]:
+    return sorted(p.stem for p in INTERCONNECTS_DIR.glob("*.toml"))
+
+
+def load_interconnect(name: str) -> Interconnect:
+    path, cfg, ic = _spec_table(INTERCONNECTS_DIR, name, "interconnect", "--interconnect", "interconnect",
+                                interconnect_names)
+    kind = ic.get("kind")
+    if kind not in ("fixed", "measured"):
+        raise DataError(f"{path} [interconnect]: field 'kind' must be 'fixed' or 'measured', got {kind!r}")
+    return Interconnect(name=name, description=str(ic.get("description", "")), kind=kind,
+                        values=dict(cfg.get("alpha_beta", {})), families=tuple(ic.get("families", ())),
+                        fallback_family=dict(ic.get("fallback_family", {})), source=str(ic.get("source", "")),
+                        calibration=str(ic.get("calibration", "")))
+
+
+def weights_gib_per_gpu(m: ModelArch, tp: int, pp: int) -> float:
+    """The largest per-GPU weight share of a TP x PP split (first or last stage, which hold the embedding /
+    LM head, as profiled.kv_capacity_tokens counts them)."""
+    from sim.latency.profiled import stage_layers
+
+    layers = stage_layers(m.num_layers, pp)
+    emb = m.embedding_params * m.dtype_bytes / tp
+    worst = 0.0
+    for s, n in enumerate(layers):
+        w = n * m.layer_params * m.dtype_bytes / tp
+        if s == 0:
+            w += emb
+        if s == pp - 1 and not (m.tied_embeddings and pp == 1):
+            w += emb
+        worst = max(worst, w)
+    return worst / GIB
+
+
+def check_weights_fit(m: ModelArch, gpu: GpuSpec, tp: int, pp: int = 1) -> None:
+    """Raise a one-line DataError when the weights alone do not fit the GPU's free memory."""
+    need = weights_gib_per_gpu(m, tp, pp)
+    have = gpu.m_init_gib
+    if need >= have * 0.9:    # SGLang keeps (1 - mem_fraction_static) of M_init free; 0.9 is its default
+        raise DataError(f"{m.name} on {gpu.name} at TP={tp} x PP={pp}: weights need {need * GIB / 1e9:.1f} GB per "
+                        f"GPU, have {have * GIB / 1e9:.1f} (usable for weights + KV: "
+                        f"{have * 0.9 * GIB / 1e9:.1f})")
+
+
+def fits_somewhere(m: ModelArch, gpu: GpuSpec, tp: int, max_gpus: int = 8) -> bool:
+    """Whether some PP degree with TP x PP <= max_gpus holds the weights (and leaves room for KV)."""
+    for pp in range(1, max_gpus // tp + 1):
+        try:
+            check_weights_fit(m, gpu, tp, pp)
+            return True
+        except DataError:
+            continue
+    return False

@@ -1,0 +1,612 @@
+"""`ppsim plan`: what-if capacity planning. Which deployment of N GPUs serves a load best?
+
+Candidates: every `replicas` x (TP x PP) split of the N GPUs (TP over the divisors of a
+replica's GPUs), behind a round-robin or least-loaded router when there are several
+replicas, with every chunk policy (static 256/512/1024/2048, greedy, predictive, predictive +
+delay scheduling). A split without a profile or whose KV pool cannot hold one full-context
+request is *dropped* (listed with the reason, never silently).
+
+Two questions:
+
+- `--rate R` (or a timestamped trace, `--trace FILE`, replayed at its own times, scaled to R
+  when `--rate` is given): simulate every candidate at that load and report mean/P50/P90/P99
+  TTFT, TPOT and E2E, the percentiles the SLO names, SLO attainment, KV headroom, cost per
+  million requests and whether the SLOs hold; rank those meeting them by cost, then margin.
+- no `--rate`: each candidate's goodput (the highest rate meeting the SLOs; `sim.studies.sweep`),
+  mean and 95% CI over the seeds, ranked by goodput with CI ties broken by cost, then GPUs.
+
+Seeds are paired: seed s gives every candidate the same arrivals and lengths. They are staged:
+the first seed runs for every candidate; the others only where they can change the answer
+(rate mode: not stopped early, and a first-seed margin within `--replicate-within` of the SLO
+boundary or of the best; goodput mode: a first-seed goodput at least 70% of the best, searched
+around the first seed's goodput). Every row says how many seeds it has. Ranking, ties and the
+verdict paragraph are `sim.studies.verdict`.
+
+Cheap bounds before simulating: the memory fit above, and a throughput bound: every token of
+a request passes through every layer's linear part, so the busiest stage needs at least
+(prompt + output tokens) x its layers x the cheapest per-token layer time of the profile (the
+minimum over the grid of time / tokens) per request; a replica serves at most 1 / that many
+requests per second. A candidate whose bound is below `--rate` is *pruned* (overloaded); in
+goodput searches the bound caps the rates searched. Goodput searches also screen each split
+with one fixed chunk and prune splits below `--prune-below` of the best screen, climb the
+rates two at a time stopping at the first failure, and stop runs once their percentiles are
+certain to miss (`[slo] stop_when_violated`); runs are cached by content, so the screen's
+runs are reused by the full search and a re-plan reuses every run.
+
+`--interconnect both` is like-for-like: the NVLink candidates use the PCIe profile's layer
+tables, scaling, CPU cost and GPU memory, with only the communication model (collectives
+table or alpha-beta, token broadcast) taken from the NVLink profile; the plan lists what
+differed.
+"""
+
+from __future__ import annotations
+
+from sim.core.lazy import lazy, lazy_pyplot
+
+import copy
+import math
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+plt = lazy_pyplot()
+pd = lazy("pandas")  # imported on first use (sim/core/lazy.py)
+np = lazy("numpy")
+
+from sim.core import tomlio  # noqa: E402
+from sim.core.config import REPO_ROOT  # noqa: E402
+from sim.core.errors import ConfigError  # noqa: E402
+from sim.latency.profiled import Profile, ProfiledLatencyModel, kv_capacity_tokens  # noqa: E402
+from sim.core.slo import SLO, slo_from_specs  # noqa: E402
+from sim.studies.sweep import Runner, Search, goodput_searches, mean_ci, with_rate  # noqa: E402
+from sim.studies.verdict import family, rank, verdict  # noqa: E402
+from sim.workloads import build_workload, resolve_workload  # noqa: E402
+
+INTERCONNECTS = {"pcie": "a100-pcie-40gb", "nvlink": "a100-sxm-80gb-nvswitch"}
+POLICIES = {
+    "static-256": ({"name": "static"}, 256, None),
+    "static-512": ({"name": "static"}, 512, None),
+    "static-1024": ({"name": "static"}, 1024, None),
+    "static-2048": ({"name": "static"}, 2048, None),
+    "greedy": ({"name": "greedy"}, 128, None),
+    "predictive": ({"name": "predictive"}, 128, None),
+    "predictive+DS": ({"name": "predictive"}, 128, {"name": "delay-scheduling"}),
+}
+RATES = [0.25, 0.5, 1, 2, 4, 8, 16, 32, 64]
+KV_HEADROOM_WARN = 0.05
+GOODPUT_REPLICATE = 0.7  # goodput mode: more seeds for candidates within 70% of the best first seed
+STOP_FACTOR = 2.0  # rate mode: a run stops once a percentile certainly exceeds 2x its threshold
+CONTEXT_TOKENS = 16384
+MEM_FRACTION = 0.9
+
+
+# -- candidates ---------------------------------------------------------------------------
+
+# hand-built profile families -> (GPU spec in profiles/gpus, interconnect); other families are GPU names
+FAMILY_GPU = {"a100-pcie-40gb": ("a100-pcie-40gb", None), "a100-sxm-80gb-nvswitch": ("a100-sxm-80gb", "nvswitch")}
+
+
+def family_dir(gpu: str) -> Path:
+    p = Path(gpu)
+    if not p.is_dir():
+        p = REPO_ROOT / "profiles" / gpu
+    if not p.is_dir():  # a GPU with built profiles only (profiles/built/<gpu>, `ppsim profile build --all`)
+        p = REPO_ROOT / "profiles" / "built" / gpu
+    if not p.is_dir():
+        known = sorted(d.name for d in (REPO_ROOT / "profiles").iterdir() if d.is_dir() and not d.name.startswith("_"))
+        raise ConfigError(f"--gpu {gpu!r}: no such profile family; allowed: {', '.join(known)} or a folder path")
+    return p
+
+
+def resolve_profile(family_path: Path, model: str, tp: int) -> tuple[Path | None, str]:
+    """The one place a (GPU family, model, TP degree) finds its latency profile: the profile
+    directory, or None and why not. (A resolver that builds missing profiles plugs in here.)"""
+    d = family_path / model / f"tp{tp}"
+    if (d / "meta.toml").is_file():
+        return d, ""
+    gpu, interconnect = FAMILY_GPU.get(family_path.name, (family_path.name, None))
+    from sim.core.errors import PipeSimError
+    from sim.profiling import library
+
+    try:
+        library.load_gpu(gpu)
+    except PipeSimError:
+        return None, f"no profile: {_short(d)} does not exist"
+    try:  # built offline from the shipped kernel data (issue 11), cached under $PIPESIM_CACHE
+        return library.resolve_profile(model, gpu, tp, interconnect), ""
+    except PipeSimError as exc:
+        return None, f"no profile: {' '.join(str(exc).split())}"
+
+
+def weights_reason(family_path: Path, model: str, tp: int, pp: int) -> str:
+    """"weights need X GB per GPU, have Y" when the model's weights alone do not fit, else ""."""
+    gpu, _ = FAMILY_GPU.get(family_path.name, (family_path.name, None))
+    from sim.core.errors import PipeSimError
+    from sim.profiling import library
+
+    try:
+        library.check_weights(model, gpu, tp, pp)
+    except PipeSimError as exc:
+        return f"does not fit: {' '.join(str(exc).split())}"
+    return ""
+
+
+def _library_models() -> list[str]:
+    from sim.profiling.library import model_names
+
+    return model_names()
+
+
+def _short(p: Path) -> str:
+    return str(p.relative_to(REPO_ROOT)) if p.is_relative_to(REPO_ROOT) else str(p)
+
+
+@dataclass(frozen=True)
+class Split:
+    interconnect: str
+    replicas: int
+    tp: int
+    pp: int
+    profile: str  # "" when dropped for lack of one
+    kv_tokens: int
+    reason: str  # why it is dropped; "" if it can run
+
+
+def splits(family_path: Path, name: str, model: str, gpus: int, mem_fraction: float = MEM_FRACTION,
+           context: int = CONTEXT_TOKENS) -> list[Split]:
+    """Every replicas x TP x PP split of `gpus` GPUs; TP over the divisors of a replica's GPUs."""
+    if not (family_path / model).is_dir() and model not in _library_models():
+        known = sorted(d.name for d in family_path.iterdir() if d.is_dir())
+        raise ConfigError(f"--model {model!r}: no profile in {family_path}; allowed: {', '.join(known)}")
+    out = []
+    for replicas in (r for r in range(1, gpus + 1) if gpus % r == 0):
+        per = gpus // replicas
+        for tp in (t for t in range(1, per + 1) if per % t == 0):
+            pp = per // tp
+            path, reason = resolve_profile(family_path, model, tp)
+            if path is None:
+                out.append(Split(name, replicas, tp, pp, "", 0, reason))
+                continue
+            prof = Profile.load(path)
+            if pp > prof.shape().num_layers:
+                out.append(Split(name, replicas, tp, pp, _short(path), 0,
+                                 f"PP {pp} > the model's {prof.shape().num_layers} layers"))
+                continue
+            kv = kv_capacity_tokens(prof, pp, mem_fraction)
+            reason = "" if kv >= context else (weights_reason(family_path, model, tp, pp) or
+                                                f"does not fit: KV pool {max(kv, 0)} tokens < one {context}-token request")
+            out.append(Split(name, replicas, tp, pp, _short(path), kv, reason))
+    return out
+
+
+def throughput_bound_rps(profile: str, pp: int, replicas: int, tokens_per_request: float) -> float:
+    """Upper bound on the requests/s a deployment serves (module docstring)."""
+    prof = Profile.load(REPO_ROOT / profile if not Path(profile).is_absolute() else profile)
+    lat = ProfiledLatencyModel(prof, pp)
+    grid = [int(g) for g in prof.grid]
+    per_token = min(lat.layer_nonattn_s(g, scaled=True) / g for g in grid)
+    if len(grid) >= 2:  # beyond the grid the time is linear: its slope is the limit per token
+        slope = (lat.layer_nonattn_s(grid[-1], True) - lat.layer_nonattn_s(grid[-2], True)) / (grid[-1] - grid[-2])
+        per_token = min(per_token, max(slope, 0.0))
+    busiest = max(lat.layers) * per_token * tokens_per_request
+    return replicas / busiest if busiest > 0 else math.inf
+
+
+# -- like-for-like interconnects ------------------------------------------------------------
+
+def like_for_like(base: Path, other: Path, model: str, dest: Path) -> tuple[Path, list[str]]:
+    """A profile family under `dest`: `base`'s profiles of `model` with only the communication
+    model (the [comm] section, comm.csv, the token broadcast) taken from `other`. Returns the
+    family folder and what differed (held fixed and changed)."""
+    notes, held = [], []
+    dest = dest.resolve()  # run configs name the profile by this path, from any working folder
+    for d in sorted((base / model).glob("tp*")):
+        od = other / model / d.name
+        if not (d / "meta.toml").is_file() or not (od / "meta.toml").is_file():
+            continue
+        meta = tomlio.read_toml(d / "meta.toml", ConfigError)
+        ometa = tomlio.read_toml(od / "meta.toml", ConfigError)
+        # the ground truth's variance and host costs are the GPU server's, not the interconnect's
+        new = {k: copy.deepcopy(meta[k]) for k in ("profile", "model", "lookup", "scaling", "overhead", "memory",
+                                                   "ground_truth") if k in meta}
+        new["comm"] = copy.deepcopy(ometa["comm"])
+        new["overhead"]["broadcast_us"] = ometa["overhead"].get("broadcast_us", 0)
+        new["profile"]["gpu"] = f"{meta['profile'].get('gpu')} with the communication of {ometa['profile'].get('gpu')}"
+        new["derivation"] = {"like_for_like": f"{_short(d)} with [comm] and broadcast_us from {_short(od)}"}
+        out = dest / model / d.name
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "meta.toml").write_text(tomlio.dumps(new))
+        for f in ("layer_nonattn.csv", "attention.csv"):
+            shutil.copyfile(d / f, out / f)
+        if new["comm"].get("model") == "table":
+            shutil.copyfile(od / "comm.csv", out / "comm.csv")
+        changed = [f"{k} {meta['comm'].get(k)} -> {v}" for k, v in ometa["comm"].items() if meta["comm"].get(k) != v]
+        b0, b1 = meta["overhead"].get("broadcast_us"), ometa["overhead"].get("broadcast_us")
+        if b0 != b1:
+            changed.append(f"broadcast_us {b0} -> {b1}")
+        notes.append(f"{d.name}: " + ", ".join(changed))
+        for sec, key in (("overhead", "cpu_ms"), ("memory", "gpu_mem_gib"), ("scaling", "s_mem"), ("scaling", "s_comp")):
+            if meta[sec].get(key) != ometa[sec].get(key):
+                held.append(f"{key} {meta[sec].get(key)} (the other profile has {ometa[sec].get(key)})")
+    held = sorted(set(held))
+    lines = [f"like-for-like: the {other.name} candidates run {base.name}'s layer tables, attention, "
+             f"lookup, scaling, CPU cost, run-to-run variance and memory; only the communication model is {other.name}'s."]
+    if held:
+        lines.append("held fixed at the base GPU's values: " + "; ".join(held) + ".")
+    lines += ["communication changed: " + n for n in notes]
+    return dest, lines
+
+
+# -- workload -------------------------------------------------------------------------------
+
+@dataclass
+class PlanLoad:
+    table: dict  # the [workload] table every candidate runs (without seed)
+    timestamped: bool  # replayed at recorded (possibly scaled) times: no rate knob
+    rate_rps: float | None  # the load of rate mode (None: goodput mode)
+    note: str
+
+
+def _mean_rate(reqs) -> float:
+    t = [r.arrival_s for r in reqs]
+    return (len(t) - 1) / (t[-1] - t[0]) if len(t) > 1 and t[-1] > t[0] else math.nan
+
+
+def plan_load(args, overrides: dict) -> PlanLoad:
+    if args.trace:
+        path = Path(args.trace)
+        if not path.is_file():
+            raise ConfigError(f"--trace {args.trace!r}: file not found")
+        table = {"kind": "trace", "file": str(path.resolve()), "arrivals": "timestamps", **overrides}
+    else:
+        table = {"name": args.workload, **overrides}
+    merged, _ = resolve_workload(table)
+    timestamped = merged.get("kind") == "trace" and merged.get("arrivals", "poisson") != "poisson"
+    if args.quick and not timestamped:
+        table["num_requests"] = min(int(merged.get("num_requests", 150) or 150), 150)
+    if args.rate is not None and not args.rate > 0:
+        raise ConfigError(f"--rate must be > 0 req/s, got {args.rate}")
+    if not timestamped:
+        if args.rate is None:
+            return PlanLoad(table, False, None, f"workload {args.workload}: goodput search over Poisson rates")
+        table["rate_rps"] = float(args.rate)
+        return PlanLoad(table, False, float(args.rate), f"workload {table.get('name', 'trace')}: Poisson arrivals "
+                                                        f"at {args.rate:g} req/s")
+    # NOTE: a timestamped trace keeps its arrival times; --rate only rescales them.
+    reqs = build_workload(table, seed=1)
+    own = _mean_rate(reqs)
+    src = args.trace or args.workload
+    if args.rate is None:
+        return PlanLoad(table, True, own, f"{src}: {len(reqs)} requests replayed at their timestamps "
+                                          f"(mean {own:.3g} req/s)")
+    speedup = float(merged.get("timestamp_speedup", 1.0)) * args.rate / own
+    table["timestamp_speedup"] = speedup
+    return PlanLoad(table, True, float(args.rate), f"{src}: {len(reqs)} requests replayed at their timestamps "
+                                                   f"scaled by {speedup:.3g} (mean {own:.3g} -> {args.rate:g} req/s)")
+
+
+def tokens_per_request(table: dict, context: int = CONTEXT_TOKENS) -> float:
+    reqs = build_workload(table, seed=1)
+    return float(np.mean([min(r.prompt_tokens + r.output_tokens, context) for r in reqs])) if reqs else 0.0
+
+
+# -- runs -----------------------------------------------------------------------------------
+
+def deployment_table(workload: dict, profile: str, replicas: int, tp: int, pp: int, router: str, policy: str,
+                     slo: SLO, seed: int = 1, stop_early: bool = False) -> dict:
+    chunk_policy, chunk, rebalancer = POLICIES[policy]
+    slo_table = {k: v for k, v in vars(slo).items() if v is not None}
+    slo_table["stop_when_violated"] = stop_early
+    table = {
+        "seed": seed,
+        "parallel": {"pp": pp, "tp": tp, "replicas": replicas, "router": router},
+        "scheduler": {"chunk_size_tokens": chunk, "chunk_policy": copy.deepcopy(chunk_policy)},
+        "latency": {"kind": "profile", "profile": profile},
+        "slo": slo_table,
+        "workload": copy.deepcopy(workload),
+    }
+    if rebalancer:
+        table["scheduler"]["rebalancer"] = copy.deepcopy(rebalancer)
+    return table
+
+
+def _num(v) -> float:
+    return math.nan if v is None else float(v)
+
+
+def metric_columns(slo: SLO) -> list[str]:
+    cols = [f"{s}_{m}_ms" for m in ("ttft", "tpot", "e2e") for s in ("mean", "p50", "p90", "p99")]
+    return cols + [k for k in slo.keys() if k not in cols]
+
+
+def at_rate_row(summaries: list[dict], slo: SLO) -> dict:
+    """One candidate at the user's load, over its seeds: seed means of the latency columns,
+    attainment, the worst KV headroom, the margin (mean and 95% CI) and the SLO verdict."""
+    row = {c: float(np.nanmean([_num(s.get(c)) for s in summaries])) if any(s.get(c) is not None for s in summaries)
+           else math.nan for c in metric_columns(slo)}
+    row["slo_attainment"] = float(np.mean([_num(s.get("slo_attainment")) for s in summaries]))
+    heads = [1 - s["kv_peak_tokens"] / s["kv_capacity_tokens"] for s in summaries if s.get("kv_capacity_tokens")]
+    row["kv_headroom"] = min(heads) if heads else math.nan
+    margins = [slo.margin(s) if s.get("status") == "ok" and s.get("num_finished") == s.get("num_requests")
+               else -math.inf for s in summaries]
+    finite = [m for m in margins if math.isfinite(m)]
+    if len(finite) == len(margins):
+        row["margin"], row["margin_ci_lo"], row["margin_ci_hi"] = mean_ci(finite)
+    else:
+        row["margin"] = row["margin_ci_lo"] = row["margin_ci_hi"] = -math.inf
+    row["seeds_meeting"] = sum(slo.meets(s) for s in summaries)
+    row["meets_slo"] = row["seeds_meeting"] == len(summaries)
+    row["run_status"] = ";".join(sorted({s.get("status") or "?" for s in summaries}))
+    return row
+
+
+def parse_prices(text: str | None, names: list[str]) -> dict[str, float]:
+    """`2.0` (every GPU) or `pcie=1.6,nvlink=2.2` -> {interconnect: $/GPU-hour}."""
+    if not text:
+        return {}
+    try:
+        if "=" not in text:
+            return dict.fromkeys(names, float(text))
+        prices = {k.strip(): float(v) for k, v in (part.split("=", 1) for part in text.split(","))}
+    except ValueError:
+        raise ConfigError(f"--price-per-gpu-hour {text!r}: expected a number or NAME=PRICE,..., "
+                          f"e.g. 2.0 or pcie=1.6,nvlink=2.2") from None
+    for k in prices:
+        if k not in names:
+            raise ConfigError(f"--price-per-gpu-hour {text!r}: unknown name {k!r}; allowed: {', '.join(names)}")
+    if any(not v > 0 for v in prices.values()):
+        raise ConfigError(f"--price-per-gpu-hour {text!r}: prices must be > 0")
+    return prices
+
+
+def cost_per_million(price: float | None, gpus: int, rate_rps: float) -> float:
+    """$ per million requests served at `rate_rps` on `gpus` GPUs at `price` $/GPU-hour."""
+    if not price or not rate_rps > 0:
+        return math.nan
+    return price * gpus / 3600.0 / rate_rps * 1e6
+
+
+def label(r: dict) -> str:
+    split = f"TP{r['tp']}xPP{r['pp']}"
+    if r["replicas"] > 1:
+        split = f"{r['replicas']}x({split}) {r['router']}"
+    return f"{r['interconnect']}: {split} {r['policy']}"
+
+
+def run_plan(args) -> tuple[pd.DataFrame, dict]:
+    if not (args.slo_ttft_ms > 0 and args.slo_tpot_ms > 0):
+        raise ConfigError("--slo-ttft-ms, --slo-tpot-ms and --gpus must be positive")
+    slo = slo_from_specs(args.slo, SLO(ttft_ms=args.slo_ttft_ms, tpot_ms=args.slo_tpot_ms))
+    slo.validate("plan --slo")
+    if args.gpus < 1 or args.seeds < 1:
+        raise ConfigError("--gpus and --seeds must be >= 1")
+    overrides = {}
+    for text in args.set:
+        if "=" not in text or not text.startswith("workload."):
+            raise ConfigError(f"--set {text!r}: plan accepts workload.KEY=VALUE overrides only")
+        from sim.core.config import parse_override
+
+        path, value = parse_override(text)
+        overrides[path[1]] = value
+    out = Path(args.out)
+    families, notes = [], []
+    if args.gpu:
+        families = [(Path(args.gpu).name, family_dir(args.gpu))]
+    else:
+        names = list(INTERCONNECTS) if args.interconnect == "both" else [args.interconnect]
+        for n in names:
+            if n not in INTERCONNECTS:
+                raise ConfigError(f"--interconnect {n!r}: allowed: pcie, nvlink, both")
+        families = [(names[0], family_dir(INTERCONNECTS[names[0]]))]
+        if len(names) == 2:
+            fam, lines = like_for_like(families[0][1], family_dir(INTERCONNECTS["nvlink"]), args.model,
+                                       out / "profiles" / f"{INTERCONNECTS['pcie']}+nvlink-comm")
+            families.append(("nvlink", fam))
+            notes += lines
+    prices = parse_prices(args.price_per_gpu_hour, [n for n, _ in families])
+    load = plan_load(args, overrides)
+    mode = "goodput" if load.rate_rps is None else "rate"
+    seeds = list(range(1, args.seeds + 1))
+    runner = Runner(out / "cache.jsonl", jobs=args.jobs, executor=args.executor, address=args.address,
+                    progress=not args.no_progress)
+    tokens = tokens_per_request(load.table)
+    rows, cands = [], []
+    for fam_name, fam in families:
+        for sp in splits(fam, fam_name, args.model, args.gpus):
+            routers = ["round-robin", "least-loaded"] if sp.replicas > 1 else ["single"]
+            for router in routers:
+                base = {"interconnect": fam_name, "replicas": sp.replicas, "tp": sp.tp, "pp": sp.pp,
+                        "gpus": args.gpus, "router": router, "family": family(sp.replicas, sp.tp, sp.pp),
+                        "profile": sp.profile, "kv_tokens": sp.kv_tokens}
+                if sp.reason:
+                    rows.append({**base, "policy": "-", "status": "dropped", "reason": sp.reason})
+                    continue
+                bound = throughput_bound_rps(sp.profile, sp.pp, sp.replicas, tokens)
+                base["throughput_bound_rps"] = bound
+                if mode == "rate" and load.rate_rps > bound:
+                    rows.append({**base, "policy": "-", "status": "pruned",
+                                 "reason": f"overloaded: {load.rate_rps:g} req/s > the throughput bound {bound:.3g} "
+                                           f"req/s ({tokens:.0f} tokens per request)"})
+                    continue
+                cands.append(base)
+    price = {c["interconnect"]: prices.get(c["interconnect"]) for c in cands}
+    if mode == "rate":
+        rows += _plan_at_rate(runner, cands, load, slo, seeds, price, args.replicate_within)
+    else:
+        rows += _plan_goodput(runner, cands, load, slo, seeds, price, args)
+    df = pd.DataFrame(rows)
+    df.insert(0, "deployment", [label(r) for r in df.to_dict("records")])
+    df = rank(df, mode)
+    df["warnings"] = [_warnings(r, mode) for r in df.to_dict("records")]
+    meta = {"mode": mode, "model": args.model, "gpus": args.gpus, "slo": slo.describe(), "seeds": len(seeds),
+            "rate_rps": load.rate_rps, "load": load.note, "interconnect_notes": notes,
+            "tokens_per_request": tokens}
+    meta["verdict"] = verdict(df, mode, slo.describe(), load.rate_rps)
+    return df, meta
+
+
+def _plan_at_rate(runner, cands, load, slo, seeds, price, within: float) -> list[dict]:
+    """Every candidate x policy at the load. The first seed runs everywhere, stopping a run
+    once a percentile is certain to exceed twice its threshold; the other seeds run only for
+    candidates that could matter: not stopped, and within `within` of the SLO boundary or of
+    the best first-seed margin of their cost (others keep one seed, and say so)."""
+    items = [(c, p) for c in cands for p in POLICIES]
+
+    def table(c, policy, seed):
+        router = "round-robin" if c["router"] == "single" else c["router"]
+        t = deployment_table(load.table, c["profile"], c["replicas"], c["tp"], c["pp"], router, policy, slo, seed,
+                             stop_early=True)
+        t["slo"]["stop_factor"] = STOP_FACTOR
+        return t
+
+    first = runner.run([table(c, p, seeds[0]) for c, p in items], desc="plan: first seed")
+    margin1 = [slo.margin(s) if s.get("status") == "ok" else -math.inf for s in first]
+    # without a price, GPU-hours per million requests is the cost
+    cost = [cost_per_million(price[c["interconnect"]] or 1.0, c["gpus"], load.rate_rps) for c, _ in items]
+    best = {}
+    for m, k in zip(margin1, cost):
+        key = round(k, 6) if math.isfinite(k) else None
+        best[key] = max(best.get(key, -math.inf), m)
+    more = [i for i, (m, k) in enumerate(zip(margin1, cost)) if len(seeds) > 1 and first[i].get("status") == "ok"
+            and (abs(m) <= within or m >= best[round(k, 6) if math.isfinite(k) else None] - within)]
+    rest = runner.run([table(*items[i], s) for i in more for s in seeds[1:]], desc="plan: more seeds")
+    extra = {i: rest[j * (len(seeds) - 1):(j + 1) * (len(seeds) - 1)] for j, i in enumerate(more)}
+    rows = []
+    for i, (c, policy) in enumerate(items):
+        summ = [first[i], *extra.get(i, [])]
+        row = {**c, "policy": policy, "status": "ok", "reason": "", "rate_rps": load.rate_rps,
+               "num_seeds": len(summ), **at_rate_row(summ, slo),
+               "gpu_hours_per_million_requests": cost_per_million(1.0, c["gpus"], load.rate_rps),
+               "cost_per_million_requests": cost_per_million(price[c["interconnect"]], c["gpus"], load.rate_rps),
+               "note": ""}
+        if first[i].get("status") == "stopped":
+            for col in metric_columns(slo) + ["slo_attainment"]:
+                row[col] = math.nan  # only the requests finished by the stop: not comparable
+            row["note"] = f"misses by more than {STOP_FACTOR:g}x: {first[i].get('reason')}"
+        elif len(summ) < len(seeds):
+            row["note"] = (f"{len(summ)} seed: first-seed margin {margin1[i]:+.0%} is more than {within:.0%} from "
+                           f"the SLO boundary and from the best of its cost")
+        rows.append(row)
+    return rows
+
+
+def _plan_goodput(runner, cands, load, slo, seeds, price, args) -> list[dict]:
+    rows = []
+    tol = 0.25 if args.quick else 0.05
+
+    def search(c, policy, seed, stop=True):
+        router = "round-robin" if c["router"] == "single" else c["router"]
+        table = deployment_table(load.table, c["profile"], c["replicas"], c["tp"], c["pp"], router, policy, slo,
+                                 seed, stop_early=stop)
+        rates = [r for r in RATES if r < c["throughput_bound_rps"]] + [round(c["throughput_bound_rps"], 4)]
+        return Search({"policy": policy, "seed": seed}, table, sorted(set(rates)), slo=slo)
+
+    screens = [search(c, "static-512" if c["pp"] > 1 else "static-2048", seeds[0]) for c in cands]
+    found = goodput_searches(runner, screens, tol=0.5, desc="plan: screen", full_sweep=False)
+    best = {}
+    for c, f in zip(cands, found):
+        best[c["interconnect"]] = max(best.get(c["interconnect"], 0.0), f["goodput_rps"])
+    kept = []
+    for c, f in zip(cands, found):
+        cut = args.prune_below * best[c["interconnect"]]
+        if f["goodput_rps"] < cut:
+            rows.append({**c, "policy": "-", "status": "pruned",
+                         "reason": f"dominated: screen goodput {f['goodput_rps']:.2f} < {args.prune_below:.0%} of the "
+                                   f"best split's {best[c['interconnect']]:.2f} req/s"})
+        else:
+            kept.append(c)
+    items = [(c, p) for c in kept for p in POLICIES]
+    first = goodput_searches(runner, [search(c, p, seeds[0]) for c, p in items], tol=tol, desc="plan: goodput",
+                             full_sweep=False)
+    # The other seeds only where they can matter: within GOODPUT_REPLICATE of the best first-seed
+    # goodput of the interconnect; their search starts around the first seed's goodput.
+    top = {}
+    for (c, _), f in zip(items, first):
+        top[c["interconnect"]] = max(top.get(c["interconnect"], 0.0), f["goodput_rps"])
+    more = [i for i, ((c, _), f) in enumerate(zip(items, first))
+            if len(seeds) > 1 and f["goodput_rps"] > 0 and f["goodput_rps"] >= GOODPUT_REPLICATE * top[c["interconnect"]]]
+    extra_searches = []
+    for i in more:
+        g1 = first[i]["goodput_rps"]
+        for seed in seeds[1:]:
+            s_ = search(*items[i], seed)
+            s_.rates = sorted({round(g1 * f, 4) for f in (0.8, 0.9, 1.0, 1.1, 1.25)})
+            extra_searches.append(s_)
+    found = goodput_searches(runner, extra_searches, tol=tol, desc="plan: more seeds", full_sweep=False)
+    n_more = len(seeds) - 1
+    extra = {i: found[j * n_more:(j + 1) * n_more] for j, i in enumerate(more)}
+    # the operating point: 80% of the mean goodput, first seed, a full run (percentiles, KV peak)
+    stats, ops = [], []
+    for k, (c, policy) in enumerate(items):
+        mine = [first[k], *extra.get(k, [])]
+        m, lo, hi = mean_ci([f["goodput_rps"] for f in mine])
+        stats.append((m, lo, hi, sorted({f["flag"] for f in mine if f["flag"]}), len(mine)))
+        t = search(c, policy, seeds[0], stop=False).table
+        ops.append(with_rate(t, max(0.8 * m, 0.05)))
+    op_res = runner.run(ops, desc="plan: at 80% of goodput")
+    for (c, policy), (m, lo, hi, flags, n), r in zip(items, stats, op_res):
+        head = (1 - r["kv_peak_tokens"] / r["kv_capacity_tokens"]) if r.get("kv_capacity_tokens") else math.nan
+        note = "" if n == len(seeds) else (f"{n} seed: first-seed goodput below {GOODPUT_REPLICATE:.0%} of the best; "
+                                           f"not replicated")
+        rows.append({**c, "policy": policy, "status": "ok", "reason": "", "num_seeds": n, "note": note,
+                     "goodput_rps": m, "goodput_ci_lo": max(lo, 0.0), "goodput_ci_hi": hi, "goodput_per_gpu": m / c["gpus"],
+                     "gpu_hours_per_million_requests": cost_per_million(1.0, c["gpus"], m),
+                     "cost_per_million_requests": cost_per_million(price[c["interconnect"]], c["gpus"], m),
+                     **{f"{k}_at_80pct": _num(r.get(k)) for k in slo.keys()},
+                     "kv_headroom_at_80pct": head, "flag": "; ".join(flags),
+                     "edge": "top" if any("not_bracketed" in f or "extended" in f for f in flags) else ""})
+    return rows
+
+
+def _warnings(r: dict, mode: str) -> str:
+    w = []
+    head = r.get("kv_headroom" if mode == "rate" else "kv_headroom_at_80pct")
+    if r.get("status") == "ok" and head is not None and isinstance(head, float) and head < KV_HEADROOM_WARN:
+        w.append(f"KV headroom {head:.1%} < {KV_HEADROOM_WARN:.0%} at the operating point")
+    if mode == "goodput" and r.get("edge"):
+        w.append("goodput at the top of the searched range (the throughput bound or 64 req/s)")
+    if mode == "goodput" and isinstance(r.get("flag"), str) and "non_monotone" in r["flag"]:
+        w.append("non-monotone SLO outcome in the rate")
+    if mode == "rate" and r.get("status") == "ok" and 0 < r.get("seeds_meeting", 0) < r.get("num_seeds", 0):
+        w.append(f"meets the SLOs on {int(r['seeds_meeting'])} of {int(r['num_seeds'])} seeds only")
+    return "; ".join(w)
+# -- outputs --------------------------------------------------------------------------------
+
+def plot_plan(df: pd.DataFrame, mode: str, slo: str, path: Path) -> None:
+    """One bar per candidate: margin at the rate (or goodput with its CI); pruned and dropped
+    candidates greyed, with the reason."""
+    fig, ax = plt.subplots(figsize=(11, 0.26 * len(df) + 1.6))
+    y = np.arange(len(df))
+    sim = (df["status"] == "ok").to_numpy()
+    if mode == "rate":
+        vals = df["margin"].astype(float).clip(lower=-1.0).fillna(0.0).where(sim, 0.0) * 100
+        colors = ["tab:green" if ok and m else "tab:red" if ok else "lightgray"
+                  for ok, m in zip(sim, df.get("meets_slo", pd.Series([False] * len(df))).fillna(False))]
+        ax.barh(y, vals, color=colors)
+        ax.axvline(0, color="k", lw=0.8)
+        ax.set_xlabel(f"SLO margin at the rate, % (1 - percentile / threshold; clipped at -100%)\n{slo}")
+    else:
+        vals = df["goodput_rps"].astype(float).fillna(0.0).where(sim, 0.0)
+        err = np.array([(vals - df["goodput_ci_lo"].fillna(vals)).clip(lower=0), (df["goodput_ci_hi"].fillna(vals) - vals).clip(lower=0)])
+        ax.barh(y, vals, xerr=np.where(sim, err, 0), color=["tab:blue" if ok else "lightgray" for ok in sim])
+        ax.set_xlabel(f"goodput (req/s), mean and 95% CI over seeds; {slo}")
+    for i, r in enumerate(df.to_dict("records")):
+        if r["status"] != "ok":
+            ax.text(0, i, f"  {r['status']}: {r['reason']}", va="center", fontsize=6, color="dimgray")
+    ax.set_yticks(y, df["deployment"], fontsize=6)
+    ax.invert_yaxis()
+    ax.set_title("ppsim plan: every candidate (grey: not simulated, with the reason)")
+    fig.savefig(path, dpi=110, bbox_inches="tight")
+    plt.close(fig)
+
+
+def _jsonable(v):
+    if isinstance(v, float) and not math.isfinite(v):
+        return None
+    if hasattr(v, "item"):
+        return _jsonable(v.item())
+    return v
+
+
+
+

@@ -1,0 +1,254 @@
+"""Check the simulator against a real serving benchmark: SGLang `bench_serving`, vLLM
+`benchmark_serving.py` / `vllm bench serve` result files.
+
+Formats read (field names as the tools write them; see `sim.outputs.bench_metrics` for the definitions):
+
+- SGLang `python/sglang/bench_serving.py --output-file F [--output-details]`: JSONL, one JSON
+  object appended per benchmark run. Aggregates: `request_rate` (a number; `Infinity` for inf),
+  `completed`, `duration`, `mean/median/std/p99_ttft_ms`, `..._tpot_ms`, `..._itl_ms` (+ `p95`),
+  `mean/median/std/p99_e2e_latency_ms`, `request_throughput`, `output_throughput`. With
+  `--output-details`, per request: `input_lens`, `output_lens`, `ttfts` (s), `itls` (a list of
+  per-token gaps per request, s), `errors` ("" for success).
+- vLLM `benchmarks/benchmark_serving.py --save-result [--save-detailed]` and
+  `vllm bench serve`: one JSON object with the same per-request lists, `request_rate` (a number
+  or "inf"), `burstiness`, `max_concurrency`, and `mean/median/std/pNN_{ttft,tpot,itl,e2el}_ms`.
+- The FastPP artifact's fork writes `ttfts`, `tpots`, `e2es` lists (s; `--units ms` for ms).
+
+For each result the simulator replays the log's own requests: the successful requests'
+(input_lens[i], output_lens[i]) in the log's order (failed ones, with an error or 0 output
+tokens, are left out and counted), sent as the tools send them: Poisson arrivals at the log's
+`request_rate` (gamma gaps for a vLLM `burstiness` != 1; all at t=0 for inf), from the run
+seed's `arrivals` stream (the real run's own draws are not in the log). A log without per-request
+lengths needs `--workload NAME` for them. Compared: mean, P50, P90, P99 of TTFT, TPOT, ITL
+and E2E (from the per-request lists where present, else the aggregates the log has), and the
+request and output throughputs. E2E per request is ttft + sum(itls) (vLLM's latency exactly;
+SGLang's latency also counts the closing [DONE] chunk, a few ms).
+"""
+
+from __future__ import annotations
+
+from sim.core.lazy import lazy
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+np = lazy("numpy")  # imported on first use (sim/core/lazy.py)
+pd = lazy("pandas")  # imported on first use (sim/core/lazy.py)
+
+from sim.outputs.bench_metrics import bench_metrics
+from sim.core.errors import ConfigError, DataError
+from sim.workloads.trace import json_lines
+
+STATS = (("mean", "mean"), ("p50", "median"), ("p90", "p90"), ("p99", "p99"))
+METRICS = (("ttft", "ttft"), ("tpot", "tpot"), ("itl", "itl"), ("e2e", "e2el"))
+# Aggregate names in the logs: SGLang calls E2E `e2e_latency`, vLLM `e2el`.
+AGG_ALIASES = {"e2el": ("e2el", "e2e_latency")}
+THROUGHPUTS = ("request_throughput", "output_throughput")
+
+
+def _num_list(path: Path, line: int, rec: dict, key: str, *, nested: bool = False) -> list | None:
+    vals = rec.get(key)
+    if vals is None:
+        return None
+    ok = isinstance(vals, list) and all(
+        (isinstance(v, list) and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in v))
+        if nested else (isinstance(v, (int, float)) and not isinstance(v, bool)) for v in vals)
+    if not ok:
+        what = "a list of lists of numbers (one list of per-token gaps per request)" if nested else "a list of numbers"
+        raise DataError(f"{path}: line {line}: field {key!r} must be {what}")
+    return vals
+
+
+def _rate(path: Path, line: int, rec: dict) -> float:
+    rate = rec.get("request_rate")
+    if isinstance(rate, str) and rate.lower() in ("inf", "infinity"):
+        rate = math.inf
+    if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not rate > 0:
+        raise DataError(f"{path}: line {line}: field 'request_rate' must be a positive number or \"inf\", got {rate!r}")
+    return float(rate)
+
+
+def parse_result(path: Path, line: int, rec: Any, scale: float) -> dict:
+    """One benchmark result -> rate, per-request arrays (ms) and the log's aggregates."""
+    if not isinstance(rec, dict):
+        raise DataError(f"{path}: line {line}: expected a JSON object")
+    out: dict[str, Any] = {"line": line, "request_rate": _rate(path, line, rec), "aggregates": {}}
+    burst = rec.get("burstiness", 1.0)
+    if isinstance(burst, bool) or not isinstance(burst, (int, float)) or not burst > 0:
+        raise DataError(f"{path}: line {line}: field 'burstiness' must be a positive number, got {burst!r}")
+    out["burstiness"] = float(burst)
+    out["max_concurrency"] = rec.get("max_concurrency")
+    for name, key in METRICS:
+        for stat, word in STATS:
+            for alias in AGG_ALIASES.get(key, (key,)):
+                v = rec.get(f"{word}_{alias}_ms")
+                if isinstance(v, (int, float)) and not isinstance(v, bool):
+                    out["aggregates"][(name, stat)] = float(v)
+                    break
+    for key in THROUGHPUTS:
+        if isinstance(rec.get(key), (int, float)):
+            out["aggregates"][(key, "value")] = float(rec[key])
+    ttfts = _num_list(path, line, rec, "ttfts")
+    ins, outs = _num_list(path, line, rec, "input_lens"), _num_list(path, line, rec, "output_lens")
+    itls = _num_list(path, line, rec, "itls", nested=True)
+    if ttfts is not None and "e2es" in rec:  # the FastPP fork's lists
+        tpots, e2es = _num_list(path, line, rec, "tpots"), _num_list(path, line, rec, "e2es")
+        if tpots is None or e2es is None or not ttfts or len(e2es) != len(ttfts):
+            raise DataError(f"{path}: line {line}: 'ttfts', 'tpots' and 'e2es' must be lists, "
+                            "'ttfts' and 'e2es' non-empty and of equal length")
+        out["per_request"] = {"ttft": np.asarray(ttfts) * scale, "tpot": np.asarray(tpots) * scale,
+                              "e2e": np.asarray(e2es) * scale}
+        out["completed"] = int(rec.get("completed", len(ttfts)))
+    elif ttfts is not None:
+        n = len(ttfts)
+        for key, vals in (("itls", itls), ("input_lens", ins), ("output_lens", outs)):
+            if vals is None or len(vals) != n:
+                raise DataError(f"{path}: line {line}: field {key!r} must be a list as long as 'ttfts' ({n}); "
+                                f"got {'none' if vals is None else len(vals)}")
+        errors = rec.get("errors") or [""] * n
+        if not isinstance(errors, list) or len(errors) != n:
+            raise DataError(f"{path}: line {line}: field 'errors' must be a list as long as 'ttfts' ({n})")
+        ok = np.array([not e and o > 0 for e, o in zip(errors, outs)], dtype=bool)
+        for i, (a, b) in enumerate(zip(ins, outs)):
+            if ok[i] and not (float(a).is_integer() and a > 0 and float(b).is_integer()):
+                raise DataError(f"{path}: line {line}: field 'input_lens'/'output_lens' item {i}: "
+                                f"token counts must be positive integers, got {a!r}/{b!r}")
+        if not ok.any():
+            raise DataError(f"{path}: line {line}: no successful request (every one has an error or 0 output tokens)")
+        ttft = np.asarray(ttfts, dtype=float)[ok] * scale
+        gaps = [np.asarray(g, dtype=float) * scale for g, good in zip(itls, ok) if good]
+        e2e = ttft + np.array([g.sum() for g in gaps])
+        olen = np.asarray(outs, dtype=float)[ok]
+        tpot = np.where(olen > 1, (e2e - ttft) / np.maximum(olen - 1, 1), np.nan)
+        out["per_request"] = {"ttft": ttft, "tpot": tpot, "e2e": e2e,
+                              "itl": np.concatenate(gaps) if gaps else np.zeros(0)}
+        out["lengths"] = (np.asarray(ins, dtype=np.int64)[ok], olen.astype(np.int64))
+        out["failed"] = int((~ok).sum())
+        out["completed"] = int(ok.sum())
+    elif not out["aggregates"]:
+        raise DataError(f"{path}: line {line}: neither per-request lists ('ttfts', 'itls', 'input_lens', "
+                        "'output_lens') nor aggregates ('mean_ttft_ms', ...) found")
+    else:
+        c = rec.get("completed")
+        if isinstance(c, bool) or not isinstance(c, int) or c <= 0:
+            raise DataError(f"{path}: line {line}: field 'completed' must be a positive integer, got {c!r}")
+        out["completed"] = c
+    return out
+
+
+def read_bench_log(path: str | Path, units: str = "s") -> list[dict]:
+    """Every benchmark result in a vLLM JSON or SGLang JSONL file (see the module docstring)."""
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(f"{path}: bench log not found")
+    scale = {"s": 1e3, "ms": 1.0}.get(units)
+    if scale is None:
+        raise ConfigError(f"--units must be one of: s, ms; got {units!r}")
+    text = path.read_text()
+    try:
+        whole = json.loads(text)  # vLLM: one JSON object (possibly pretty-printed over many lines)
+    except json.JSONDecodeError:
+        whole = None
+    if isinstance(whole, dict):
+        return [parse_result(path, 1, whole, scale)]
+    runs = []
+    for lineno, rec in json_lines(path, text.splitlines()):
+        runs.append(parse_result(path, lineno, rec, scale))
+    if not runs:
+        raise DataError(f"{path}: no results in the file")
+    return runs
+
+
+def _stat(values: np.ndarray, stat: str) -> float:
+    values = values[~np.isnan(values)]
+    if not len(values):
+        return math.nan
+    return float(values.mean()) if stat == "mean" else float(np.percentile(values, int(stat[1:])))
+
+
+def compare(real: dict, sim_summary: dict) -> list[dict]:
+    """Rows (metric, stat, real, sim, error %) for every statistic the log has."""
+    rows = []
+    per = real.get("per_request", {})
+    for name, key in METRICS:
+        for stat, word in STATS:
+            r = _stat(per[name], stat) if name in per else real["aggregates"].get((name, stat))
+            if r is None:
+                continue
+            s = sim_summary.get(f"{stat if stat != 'p50' else 'median'}_{key}_ms", math.nan)
+            rows.append({"line": real["line"], "metric": name, "stat": stat, "unit": "ms", "real": r, "sim": s})
+    for key in THROUGHPUTS:
+        r = real["aggregates"].get((key, "value"))
+        if r is not None:
+            rows.append({"line": real["line"], "metric": key, "stat": "value",
+                         "unit": "req/s" if key.startswith("request") else "tok/s", "real": r, "sim": sim_summary[key]})
+    for row in rows:
+        r, s = row["real"], row["sim"]
+        row["error_pct"] = (s - r) / r * 100 if r and not math.isnan(r) else math.nan
+    return rows
+
+
+def log_requests(real: dict, seed: int):
+    """The log's successful requests at the log's rate (see the module docstring)."""
+    from sim.core.rng import stream
+    from sim.workloads.base import make_requests, poisson_arrivals
+
+    prompts, outputs = real["lengths"]
+    rate, burst = real["request_rate"], real["burstiness"]
+    rng = stream(seed, "arrivals")
+    if burst == 1.0 or math.isinf(rate):
+        arrivals = poisson_arrivals(len(prompts), rate, rng)
+    else:  # vLLM's --burstiness: gamma gaps, shape b, mean 1/rate
+        gaps = rng.gamma(shape=burst, scale=1.0 / (rate * burst), size=len(prompts) - 1)
+        arrivals = np.concatenate([[0.0], np.cumsum(gaps)])
+    return make_requests(arrivals, prompts, outputs)
+
+
+def assumptions(real: dict, path: Path, workload: str | None) -> tuple[str, str]:
+    """The (workload, rate) lines of the header: what was replayed from the log."""
+    rate = "inf (all at t=0)" if math.isinf(real["request_rate"]) else f"{real['request_rate']:g} req/s"
+    arr = f"Poisson {rate}" if real["burstiness"] == 1.0 else f"gamma gaps (burstiness {real['burstiness']:g}) at {rate}"
+    arr += " from the run seed (the real run's own draws are not in the log)"
+    if real.get("max_concurrency"):
+        arr += f"; the client's max_concurrency = {real['max_concurrency']} is NOT modelled"
+    if workload:
+        src = f"workload {workload} (--workload), {real['completed']} requests"
+    else:
+        src = f"the log's own {real['completed']} successful requests ({path} line {real['line']}: input_lens, output_lens)"
+        if real.get("failed"):
+            src += f"; {real['failed']} failed request(s) left out"
+    return src, arr
+
+
+def validate(log_path, workload: str | None, config_path, overrides: list[str], units: str = "s",
+             echo=print) -> pd.DataFrame:
+    """Simulate every result of the log and compare; `echo` gets each result's header."""
+    from sim.core.config import load_config
+    from sim.outputs.context import describe, format_header
+    from sim.engine.run import run
+    from sim.outputs.metrics import summarize
+    from sim.workloads import build_workload
+
+    path = Path(log_path)
+    rows = []
+    for real in read_bench_log(path, units):
+        if workload is None and "lengths" not in real:
+            raise ConfigError(f"{path}: line {real['line']}: the log has no per-request input_lens/output_lens "
+                              "(run the benchmark with --output-details / --save-detailed), so give --workload NAME")
+        cfg = load_config(config_path, overrides)
+        if workload:
+            rate = "inf" if math.isinf(real["request_rate"]) else real["request_rate"]
+            cfg = load_config(config_path, list(overrides) + [f'workload.name="{workload}"',
+                                                              f"workload.num_requests={real['completed']}",
+                                                              f"workload.rate_rps={rate}"])
+            requests = build_workload(cfg.workload, seed=cfg.seed)
+        else:
+            requests = log_requests(real, cfg.seed)
+        ctx = describe(cfg, requests)
+        ctx["workload"], ctx["rate"] = assumptions(real, path, workload)
+        echo(format_header({"bench log": f"{path} line {real['line']}", **ctx}))
+        result = run(cfg, requests)
+        rows += compare(real, summarize(result))
+    return pd.DataFrame(rows)
