@@ -97,8 +97,8 @@ def cmd_run(args) -> int:
     summary["context"] = context
     from sim.outputs.csvout import write_csv
 
-    if args.format == "npz":
-        from sim.outputs.npzout import write_npz as write_table
+    if args.format == "parquet":
+        from sim.outputs.tables import write_parquet as write_table
     else:
         write_table = write_csv
     write_table(requests_frame(result), out / f"requests.{args.format}")
@@ -160,11 +160,11 @@ def add_commands(sub) -> None:
     p.add_argument("--no-iterations", dest="iterations", action="store_false",
                    help="do not write iterations.csv (one row per iteration: the largest output); "
                         "the summary still covers every iteration")
-    from sim.outputs.npzout import FORMATS
+    from sim.outputs.tables import FORMATS
 
     p.add_argument("--format", choices=FORMATS, default="csv",
-                   help="requests and iterations tables as CSV (default) or as .npz (NumPy arrays, one per "
-                        "column: no text formatting, several times cheaper to write; sim/outputs/npzout.py)")
+                   help="requests and iterations tables as CSV (default) or Parquet (pyarrow: no text "
+                        "formatting, many times cheaper to write; sim/outputs/tables.py)")
     p.add_argument("--timeline", action="store_true",
                    help="also write timeline.json (Perfetto/Chrome trace) and timeline.png (Gantt chart)")
     p.add_argument("--window", default=None, metavar="START:END",

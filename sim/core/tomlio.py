@@ -1,10 +1,8 @@
-"""TOML in and out: reading a file with one-line errors, and a minimal writer for resolved
-configs and profile metadata (tables, arrays, strings, numbers, booleans)."""
+"""TOML in and out: reading a file with one-line errors (tomllib), and writing resolved configs
+and profile metadata (tomli-w)."""
 
 from __future__ import annotations
 
-import json
-import math
 import tomllib
 from pathlib import Path
 from typing import Any, Mapping
@@ -23,42 +21,8 @@ def read_toml(path: str | Path, error: type[PipeSimError], missing: str = "not f
         raise error(f"{path}: invalid TOML: {exc}") from None
 
 
-def _value(v: Any) -> str:
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, int):
-        return str(v)
-    if isinstance(v, float):
-        if math.isinf(v):
-            return "inf" if v > 0 else "-inf"
-        return repr(v)
-    if isinstance(v, str):
-        return json.dumps(v)
-    if isinstance(v, (list, tuple)):
-        return "[" + ", ".join(_value(x) for x in v) + "]"
-    if isinstance(v, Mapping):
-        return "{" + ", ".join(f"{_key(k)} = {_value(x)}" for k, x in v.items()) + "}"
-    raise TypeError(f"cannot write {type(v).__name__} to TOML")
-
-
-def _key(k: str) -> str:
-    return k if k.replace("_", "").replace("-", "").isalnum() else json.dumps(k)
-
-
 def dumps(table: Mapping[str, Any]) -> str:
-    lines: list[str] = []
+    """`table` as TOML text (tomli-w: sub-tables as [sections], floats exactly, inf as inf)."""
+    import tomli_w
 
-    def emit(tbl: Mapping[str, Any], prefix: str) -> None:
-        scalars = {k: v for k, v in tbl.items() if not isinstance(v, Mapping)}
-        subs = {k: v for k, v in tbl.items() if isinstance(v, Mapping)}
-        if prefix and (scalars or not subs):
-            lines.append(f"[{prefix}]")
-        for k, v in scalars.items():
-            lines.append(f"{_key(k)} = {_value(v)}")
-        if scalars:
-            lines.append("")
-        for k, v in subs.items():
-            emit(v, f"{prefix}.{_key(k)}" if prefix else _key(k))
-
-    emit(table, "")
-    return "\n".join(lines).rstrip() + "\n"
+    return tomli_w.dumps(table)

@@ -38,9 +38,9 @@ def load_run(folder: str | Path) -> dict:
     except json.JSONDecodeError as exc:
         raise DataError(f"{path / 'summary.json'}: line {exc.lineno}: not valid JSON ({exc.msg})") from None
     run = {"name": path.name or str(path), "path": path, "summary": summary}
-    from sim.outputs.npzout import read_table
+    from sim.outputs.tables import read_table
 
-    for key in ("requests", "iterations"):  # .csv or .npz (`ppsim run --format`)
+    for key in ("requests", "iterations"):  # .csv, .parquet or .npz (`ppsim run --format`)
         df = read_table(path, key)
         run[key] = pd.DataFrame() if df is None else df
     return run

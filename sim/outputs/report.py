@@ -22,7 +22,7 @@ from sim.core.errors import DataError  # noqa: E402
 
 
 def _read(run_dir: Path, name: str) -> pd.DataFrame:
-    from sim.outputs.npzout import read_table
+    from sim.outputs.tables import read_table
 
     df = read_table(run_dir, name)
     if df is None:
