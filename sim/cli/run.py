@@ -5,9 +5,11 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import sys
 from pathlib import Path
 
 from sim.core.errors import PipeSimError
+from sim.core.fsio import Staged
 
 EPILOG_RUN = """examples:
   ppsim run experiments/configs/default.toml --out runs/default
@@ -50,14 +52,8 @@ def _jsonable(obj):
 
 
 def cmd_run(args) -> int:
-    from sim.core import tomlio
     from sim.core.config import apply_overrides, config_from_table, load_table
-    from sim.outputs.context import describe, format_header
-    from sim.engine.run import run
-    from sim.outputs.metrics import iterations_frame, requests_frame, summarize
-    from sim.outputs.outdir import prepare_out
     from sim.core.plugins import add_to_table
-    from sim.workloads import build_workload
 
     table = load_table(args.config)
     if args.trace:
@@ -77,8 +73,57 @@ def cmd_run(args) -> int:
         if not any(o.strip().startswith("workload.arrivals") for o in args.set):
             table["workload"]["arrivals"] = "poisson"
     cfg = config_from_table(add_to_table(table, args.plugin), args.config)
+    window = _parse_window(args.window) if args.window else None
     out = Path(args.out)
-    prepare_out(out, args.force)
+    # the new run is written beside --out and swapped in only once complete: a refused or
+    # failed run leaves an earlier run in --out as it was (sim/core/fsio.py)
+    with Staged(out, args.force) as staged:
+        code, summary = _simulate_into(staged.path, cfg, args, window)
+        staged.commit()
+    if args.json:
+        print(json.dumps(_jsonable(summary), indent=2, sort_keys=True))
+    else:
+        _print_summary(summary, cfg, out)
+    return code
+
+
+def _parse_window(text: str) -> tuple[float, float]:
+    from sim.core.checks import number
+
+    try:
+        a, b = (float(x) for x in text.split(":"))
+    except ValueError:
+        raise PipeSimError(f"--window {text!r}: expected START:END in seconds, e.g. 10:11") from None
+    number(a, "", f"--window {text!r}: START", 0, 1e9)
+    number(b, "", f"--window {text!r}: END", 0, 1e9)
+    if not b > a:
+        raise PipeSimError(f"--window {text!r}: END must be after START")
+    return a, b
+
+
+def warn(text: str) -> None:
+    print(f"ppsim: warning: {text}", file=sys.stderr, flush=True)
+
+
+def run_warnings(summary: dict) -> list[str]:
+    """What the run changed of the requests it was given, said in words (also in summary.json)."""
+    out = []
+    n = summary.get("num_truncated_prompts") or 0
+    if n:
+        out.append(f"{n} prompt(s) longer than the context length were truncated (requests.csv: truncated_prompt)")
+    n = summary.get("num_clipped_outputs") or 0
+    if n:
+        out.append(f"{n} output(s) were clipped to fit the context length (requests.csv: clipped_output)")
+    return out
+
+
+def _simulate_into(out: Path, cfg, args, window) -> tuple[int, dict]:
+    from sim.core import fsio, tomlio
+    from sim.engine.run import run
+    from sim.outputs.context import describe, format_header
+    from sim.outputs.metrics import iterations_frame, requests_frame, summarize
+    from sim.workloads import build_workload
+
     requests = build_workload(cfg.workload, seed=cfg.seed)
     context = describe(cfg, requests)
     if not args.json:
@@ -95,6 +140,7 @@ def cmd_run(args) -> int:
     gc.collect()
     summary = summarize(result)
     summary["context"] = context
+    warnings = run_warnings(summary)
     from sim.outputs.csvout import write_csv
 
     if args.format == "parquet":
@@ -104,8 +150,7 @@ def cmd_run(args) -> int:
     write_table(requests_frame(result), out / f"requests.{args.format}")
     if args.iterations:
         write_table(iterations_frame(result), out / f"iterations.{args.format}")
-    (out / "config.toml").write_text(tomlio.dumps(cfg.to_dict()))
-    (out / "summary.json").write_text(json.dumps(_jsonable(summary), indent=2, sort_keys=True) + "\n")
+    fsio.write_text(out / "config.toml", tomlio.dumps(cfg.to_dict()))
     import pandas as pd
 
     pd.DataFrame(result.decisions, columns=["time_s", "slot", "old_chunk", "new_chunk", "reason"]).to_csv(
@@ -113,34 +158,32 @@ def cmd_run(args) -> int:
     pd.DataFrame(result.moves, columns=["time_s", "slot", "req_id", "action", "where"]).to_csv(
         out / "moves.csv", index=False)
     if args.timeline:
-        from sim.outputs.timeline import write_timeline
+        from sim.outputs.timeline import iterations_in, write_timeline
 
-        window = None
-        if args.window:
-            try:
-                a, b = (float(x) for x in args.window.split(":"))
-            except ValueError:
-                raise PipeSimError(f"--window {args.window!r}: expected START:END in seconds, e.g. 10:11") from None
-            if not b > a:
-                raise PipeSimError(f"--window {args.window!r}: END must be after START")
-            window = (a, b)
+        if window is not None and iterations_in(result, window) == 0:
+            warnings.append(f"--window {args.window}: no iteration runs in it (the run spans "
+                            f"0-{summary.get('duration_s', 0):.4g} s); timeline.png is empty")
         write_timeline(result, out, window)
-    if args.json:
-        print(json.dumps(_jsonable(summary), indent=2, sort_keys=True))
-    else:
-        width = max(len(k) for k in SUMMARY_KEYS)
-        if summary.get("stage_layers"):
-            print(f"{'stage_layers':<{width}}  {summary['stage_layers']}")
-        # the percentiles the SLO names (e.g. p95_ttft_ms) besides the P50/P90/P99 ones
-        extra = [k for k in cfg.slo.keys() if k not in SUMMARY_KEYS]
-        for k in (*SUMMARY_KEYS, *extra):
-            print(f"{k:<{width}}  {_fmt(summary.get(k))}")
-        print(f"{'slo':<{width}}  {summary['slo']}")
-        if summary["reason"]:
-            print(f"{'reason':<{width}}  {summary['reason']}")
-        print(f"outputs written to {out}/")
-    return 0 if result.status == "ok" else 1
+    if warnings:
+        summary["warnings"] = warnings
+    for w in warnings:
+        warn(w)
+    fsio.write_text(out / "summary.json", json.dumps(_jsonable(summary), indent=2, sort_keys=True) + "\n")
+    return (0 if result.status == "ok" else 1), summary
 
+
+def _print_summary(summary: dict, cfg, out: Path) -> None:
+    width = max(len(k) for k in SUMMARY_KEYS)
+    if summary.get("stage_layers"):
+        print(f"{'stage_layers':<{width}}  {summary['stage_layers']}")
+    # the percentiles the SLO names (e.g. p95_ttft_ms) besides the P50/P90/P99 ones
+    extra = [k for k in cfg.slo.keys() if k not in SUMMARY_KEYS]
+    for k in (*SUMMARY_KEYS, *extra):
+        print(f"{k:<{width}}  {_fmt(summary.get(k))}")
+    print(f"{'slo':<{width}}  {summary['slo']}")
+    if summary["reason"]:
+        print(f"{'reason':<{width}}  {summary['reason']}")
+    print(f"outputs written to {out}/")
 
 
 def add_commands(sub) -> None:

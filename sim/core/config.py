@@ -29,10 +29,25 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
+from sim.core.checks import number
 from sim.core.errors import ConfigError
 from sim.core.slo import SLO as SLOConfig  # noqa: F401  (the [slo] section; re-exported)
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
+
+# The largest values a config may ask for. They bound what PipeSim can hold in memory or what
+# a model could use, not what a user may want: a value above them is refused with this range.
+MAX_PP = 256  # pipeline stages (more than any model here has layers: refused again at load)
+MAX_TP = 64
+MAX_REPLICAS = 1024  # each replica holds a scheduler, its pipeline and its records
+MAX_TOKENS = 1 << 20  # chunk and context lengths (1M tokens)
+MAX_SECONDS = 1e7  # horizons and latencies (115 days)
+
+
+def bounded(default, lo=None, hi=None, *, integer: bool = False, lo_open: bool = False):
+    """A config field whose value must be a finite number in [lo, hi] (`lo_open`: (lo, hi]);
+    the one gate for config numbers (`sim.core.checks.number`) reads these bounds."""
+    return field(default=default, metadata={"range": (lo, hi, integer, lo_open)})
 
 
 @dataclass(frozen=True)
@@ -50,9 +65,9 @@ ROUTERS = ("round-robin", "least-loaded")
 class ParallelConfig:
     """A deployment: `replicas` independent servers of `tp` x `pp` GPUs behind a router."""
 
-    pp: int = 1
-    tp: int = 1
-    replicas: int = 1
+    pp: int = bounded(1, 1, MAX_PP, integer=True)
+    tp: int = bounded(1, 1, MAX_TP, integer=True)
+    replicas: int = bounded(1, 1, MAX_REPLICAS, integer=True)
     router: str = "round-robin"
 
     def validate(self, where: str) -> None:
@@ -65,11 +80,11 @@ class ParallelConfig:
 
 @dataclass(frozen=True)
 class SchedulerConfig:
-    chunk_size_tokens: int = 2048
-    context_length_tokens: int = 16384
-    mem_fraction: float = 0.9
-    kv_tokens: int = 0  # 0: computed from the profile's memory model
-    max_running_requests: int = 0  # 0: as SGLang derives it from the pool
+    chunk_size_tokens: int = bounded(2048, 1, MAX_TOKENS, integer=True)
+    context_length_tokens: int = bounded(16384, 8, MAX_TOKENS, integer=True)
+    mem_fraction: float = bounded(0.9, 0, 1, lo_open=True)
+    kv_tokens: int = bounded(0, 0, 1 << 34, integer=True)  # 0: computed from the profile's memory model
+    max_running_requests: int = bounded(0, 0, 1 << 24, integer=True)  # 0: as SGLang derives it from the pool
     chunk_policy: PolicySpec = field(default_factory=PolicySpec)
     rebalancer: PolicySpec | None = None
 
@@ -88,10 +103,10 @@ class SchedulerConfig:
 class LatencyConfig:
     kind: str = "profile"
     profile: str = "profiles/a100-pcie-40gb/qwen2.5-32b/tp1"
-    noise_cv: float = 0.0  # > 0: overrides the profile's stage-jitter CV
+    noise_cv: float = bounded(0.0, 0, 5)  # > 0: overrides the profile's stage-jitter CV
     variance: bool = True  # the profile's run-to-run variance ([ground_truth]); false: zero-variance truth
-    stage_ms: float = 10.0  # kind = "constant" only
-    overhead_ms: float = 0.0  # kind = "constant" only
+    stage_ms: float = bounded(10.0, 0, MAX_SECONDS * 1e3, lo_open=True)  # kind = "constant" only
+    overhead_ms: float = bounded(0.0, 0, MAX_SECONDS * 1e3)  # kind = "constant" only
     # what-if values of the profile's free parameters, e.g. {allreduce_busbw_gbps = 12.0}
     # (keys: sim.latency.analysis.OVERRIDE_KEYS); the profile on disk is not changed
     overrides: Mapping[str, Any] = field(default_factory=dict)
@@ -102,8 +117,8 @@ class LatencyConfig:
         if self.noise_cv < 0:
             raise ConfigError(f"{where}: [latency] noise_cv must be >= 0, got {self.noise_cv}")
         for key, val in self.overrides.items():  # key names are checked against the profile when it loads
-            if key != "mode" and (isinstance(val, bool) or not isinstance(val, (int, float)) or val < 0):
-                raise ConfigError(f"{where}: [latency.overrides] {key} must be a number >= 0, got {val!r}")
+            if key != "mode":  # each parameter's own range is checked where it is applied (sim.latency.analysis)
+                number(val, where, f"[latency.overrides] {key}", 0, None)
         if self.stage_ms <= 0 or self.overhead_ms < 0:
             raise ConfigError(f"{where}: [latency] stage_ms must be > 0 and overhead_ms >= 0, "
                               f"got {self.stage_ms} and {self.overhead_ms}")
@@ -142,8 +157,8 @@ class PluginsConfig:
 
 @dataclass(frozen=True)
 class RunConfig:
-    seed: int = 1
-    horizon_s: float = 0.0
+    seed: int = bounded(1, 0, 2**63 - 1, integer=True)
+    horizon_s: float = bounded(0.0, 0, MAX_SECONDS)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     latency: LatencyConfig = field(default_factory=LatencyConfig)
@@ -198,7 +213,7 @@ def _convert(value: Any, tp: Any, where: str, key: str) -> Any:
     if tp is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ConfigError(f"{where}: {key} must be a number, got {value!r}")
-        return float(value)
+        return float(number(value, where, key))  # finite: NaN and inf are refused everywhere
     if tp is int:
         if isinstance(value, bool) or not isinstance(value, int):
             raise ConfigError(f"{where}: {key} must be an integer, got {value!r}")
@@ -216,7 +231,8 @@ def _convert(value: Any, tp: Any, where: str, key: str) -> Any:
 
 def _from_table(cls, table: Mapping[str, Any], where: str, prefix: str = ""):
     hints = typing.get_type_hints(cls)
-    names = [f.name for f in dataclasses.fields(cls)]
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    names = list(fields)
     for key in table:
         if key not in names:
             loc = f"[{prefix}] " if prefix else ""
@@ -225,6 +241,12 @@ def _from_table(cls, table: Mapping[str, Any], where: str, prefix: str = ""):
     for name in names:
         if name in table:
             full = f"{prefix}.{name}" if prefix else name
+            bounds = fields[name].metadata.get("range")
+            if bounds is not None:  # the field's range, in the one error a bad number gets
+                lo, hi, integer, lo_open = bounds
+                shown = f"[{prefix}] {name}" if prefix else name
+                number(table[name], where, shown, lo, hi, integer=integer and not isinstance(table[name], float),
+                       lo_open=lo_open)
             kwargs[name] = _convert(table[name], hints[name], where, full)
     return cls(**kwargs)
 

@@ -73,6 +73,12 @@ class SLO:
     stop_when_met: bool = False
 
     def validate(self, where: str) -> None:
+        from sim.core.checks import number
+
+        for key in ("ttft_ms", "tpot_ms", "e2e_ms"):
+            if getattr(self, key) is not None:  # a finite threshold: inf would pass and fail at once
+                number(getattr(self, key), where, f"[slo] {key}", 0, 1e10, lo_open=True)
+        number(self.stop_factor, where, "[slo] stop_factor", 1, 1e6)
         if not self.stop_factor >= 1:
             raise ConfigError(f"{where}: [slo] stop_factor must be >= 1, got {self.stop_factor}")
         if self.stop_when_met and not (self.stop_when_violated and self.stop_factor == 1):

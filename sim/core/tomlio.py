@@ -15,8 +15,10 @@ def read_toml(path: str | Path, error: type[PipeSimError], missing: str = "not f
     path = Path(path)
     if not path.is_file():
         raise error(f"{path}: {missing}")
+    from sim.core.textio import read_text
+
     try:
-        return tomllib.loads(path.read_text())
+        return tomllib.loads(read_text(path, error))
     except tomllib.TOMLDecodeError as exc:
         raise error(f"{path}: invalid TOML: {exc}") from None
 

@@ -105,6 +105,17 @@ def gantt(result, window: tuple[float, float], path: Path, replica: int = 0) -> 
     return path
 
 
+def iterations_in(result, window: tuple[float, float], replica: int = 0) -> int:
+    """How many iterations of `replica` overlap `window` (0: the Gantt chart would be empty)."""
+    it = result.iterations
+    t0, t1 = window
+    n = 0
+    for start, end, rep in zip(it["start_s"], it["end_s"], it["replica"]):
+        if rep == replica and start < t1 and end > t0:
+            n += 1
+    return n
+
+
 def write_timeline(result, out_dir: Path, window: tuple[float, float] | None = None) -> list[Path]:
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)

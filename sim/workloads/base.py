@@ -80,4 +80,8 @@ def require(params: Mapping[str, Any], key: str, typ, where: str, *, positive: b
         raise ConfigError(f"{where}: field {key!r} must be {typ.__name__}, got {val!r}")
     if positive and not val > 0:
         raise ConfigError(f"{where}: field {key!r} must be > 0, got {val!r}")
+    if typ is float and val != val:  # NaN compares false with everything
+        raise ConfigError(f"{where}: field {key!r} must be a number, got nan")
+    if typ is float and val == float("inf") and key != "rate_rps":  # inf is a documented rate only (all at t=0)
+        raise ConfigError(f"{where}: field {key!r} must be finite, got inf")
     return typ(val) if typ is float else val

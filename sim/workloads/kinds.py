@@ -26,11 +26,23 @@ from sim.workloads import trace as _trace  # noqa: F401,E402
 from sim.workloads import readers as _readers  # noqa: F401,E402
 
 
+POISSON_KEYS = ("rate_rps", "num_requests", "lengths")
+UNIFORM_KEYS = ("rate_rps", "num_requests", "input_range", "output_range")
+
+
+def check_keys(params: Mapping[str, Any], allowed: tuple[str, ...], kind: str, where: str) -> None:
+    """Unknown fields are refused (a typo like `rate=6` must not run at the old rate)."""
+    extra = sorted(set(params) - set(allowed))
+    if extra:
+        raise ConfigError(f"{where}: unknown field {extra[0]!r} for kind {kind!r}; allowed: {', '.join(sorted(allowed))}")
+
+
 @workload_kinds.register("poisson")
 def build_poisson(params: Mapping[str, Any], *, seed: int, where: str):
     """Poisson arrivals at `rate_rps` over lengths from a source (see `sim.workloads.lengths`).
     `lengths.source = "pairs"` takes the lists in order (cycling if `num_requests` is larger),
     as the artifact reuses a fixed request set; the sampled sources need `num_requests`."""
+    check_keys(params, POISSON_KEYS, "poisson", where)
     rate = require(params, "rate_rps", float, where, positive=True)
     num = params.get("num_requests")
     if num is not None and (isinstance(num, bool) or not isinstance(num, int) or num <= 0):
@@ -43,6 +55,7 @@ def build_poisson(params: Mapping[str, Any], *, seed: int, where: str):
 @workload_kinds.register("synthetic-uniform")
 def build_uniform(params: Mapping[str, Any], *, seed: int, where: str):
     """Input and output lengths uniform (inclusive) in [lo, hi], Poisson arrivals."""
+    check_keys(params, UNIFORM_KEYS, "synthetic-uniform", where)
     rate = require(params, "rate_rps", float, where, positive=True)
     num = require(params, "num_requests", int, where, positive=True)
     ranges = {}

@@ -41,6 +41,7 @@ np = lazy("numpy")
 pd = lazy("pandas")
 
 from sim.core.errors import ConfigError, DataError
+from sim.core.textio import read_text
 from sim.workloads.trace import DEFAULT_COLUMNS, Trace, json_lines, read_csv_strings, trace_formats
 
 BURSTGPT_COLUMNS = ("Timestamp", "Request tokens", "Response tokens")
@@ -82,31 +83,31 @@ def _read_mooncake(path: str, _mtime: int, _size: int, unit: str) -> Trace:
     times, prompts, outputs = [], [], []
     hashed = 0
     scale = 1e-3 if unit == "milliseconds" else 1.0
-    with open(p, encoding="utf-8") as fh:
-        for lineno, rec in json_lines(p, fh):
-            if not isinstance(rec, dict):
-                raise DataError(f"{p}: line {lineno}: expected a JSON object, got {type(rec).__name__}")
-            for key in MOONCAKE_FIELDS:
-                if key not in rec:
-                    raise DataError(f"{p}: line {lineno}: missing field {key!r} (Mooncake JSONL needs "
-                                    f"{', '.join(MOONCAKE_FIELDS)})")
-            ts = rec["timestamp"]
-            if isinstance(ts, bool) or not isinstance(ts, (int, float)) or not math.isfinite(ts) or ts < 0:
-                raise DataError(f"{p}: line {lineno}: field 'timestamp' must be a number >= 0 ({unit}), got {ts!r}")
-            if times and ts * scale < times[-1]:
-                raise DataError(f"{p}: line {lineno}: field 'timestamp': out of order (earlier than the line before), "
-                                f"got {ts!r}")
-            for key in ("input_length", "output_length"):
-                if not _positive_int(rec[key]):
-                    raise DataError(f"{p}: line {lineno}: field {key!r} must be a positive integer, got {rec[key]!r}")
-            ids = rec.get("hash_ids")
-            if ids is not None:
-                if not isinstance(ids, list) or not all(isinstance(h, int) and not isinstance(h, bool) for h in ids):
-                    raise DataError(f"{p}: line {lineno}: field 'hash_ids' must be a list of integers, got {ids!r}")
-                hashed += 1
-            times.append(ts * scale)
-            prompts.append(int(rec["input_length"]))
-            outputs.append(int(rec["output_length"]))
+    # (read whole: its compression is sniffed and its UTF-8 checked, sim/core/textio.py)
+    for lineno, rec in json_lines(p, read_text(p).splitlines()):
+        if not isinstance(rec, dict):
+            raise DataError(f"{p}: line {lineno}: expected a JSON object, got {type(rec).__name__}")
+        for key in MOONCAKE_FIELDS:
+            if key not in rec:
+                raise DataError(f"{p}: line {lineno}: missing field {key!r} (Mooncake JSONL needs "
+                                f"{', '.join(MOONCAKE_FIELDS)})")
+        ts = rec["timestamp"]
+        if isinstance(ts, bool) or not isinstance(ts, (int, float)) or not math.isfinite(ts) or ts < 0:
+            raise DataError(f"{p}: line {lineno}: field 'timestamp' must be a number >= 0 ({unit}), got {ts!r}")
+        if times and ts * scale < times[-1]:
+            raise DataError(f"{p}: line {lineno}: field 'timestamp': out of order (earlier than the line before), "
+                            f"got {ts!r}")
+        for key in ("input_length", "output_length"):
+            if not _positive_int(rec[key]):
+                raise DataError(f"{p}: line {lineno}: field {key!r} must be a positive integer, got {rec[key]!r}")
+        ids = rec.get("hash_ids")
+        if ids is not None:
+            if not isinstance(ids, list) or not all(isinstance(h, int) and not isinstance(h, bool) for h in ids):
+                raise DataError(f"{p}: line {lineno}: field 'hash_ids' must be a list of integers, got {ids!r}")
+            hashed += 1
+        times.append(ts * scale)
+        prompts.append(int(rec["input_length"]))
+        outputs.append(int(rec["output_length"]))
     if not times:
         raise DataError(f"{p}: no requests in the file")
     t = np.asarray(times, dtype=float)
@@ -204,7 +205,7 @@ def _estimate(text: Any, chars_per_token: float) -> int:
 def _read_sharegpt(path: str, _mtime: int, _size: int, chars_per_token: float) -> Trace:
     p = Path(path)
     try:
-        data = json.loads(p.read_text(encoding="utf-8"))
+        data = json.loads(read_text(p))
     except json.JSONDecodeError as exc:
         raise DataError(f"{p}: line {exc.lineno}: not valid JSON ({exc.msg})") from None
     if not isinstance(data, list):
@@ -261,10 +262,9 @@ def read_sharegpt(path: Path, params: Mapping[str, Any], where: str) -> Trace:
 
 # --------------------------------------------------------------------------- detection
 def _first_line(path: Path) -> str:
-    with open(path, encoding="utf-8", errors="replace") as fh:
-        for line in fh:
-            if line.strip():
-                return line.strip()
+    for line in read_text(path).splitlines():
+        if line.strip():
+            return line.strip()
     raise DataError(f"{path}: empty file")
 
 

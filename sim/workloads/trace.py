@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from sim.core.lazy import lazy
 
+import io
 import json
 import os
 from dataclasses import dataclass
@@ -38,6 +39,7 @@ pd = lazy("pandas")  # imported on first use (sim/core/lazy.py)
 from sim.core.errors import ConfigError, DataError
 from sim.core.registry import Registry
 from sim.core.rng import stream
+from sim.core.textio import read_text
 from sim.workloads.base import make_requests, poisson_arrivals, require, workload_kinds
 from sim.workloads.fetch import cache_dir, download_for_file
 
@@ -126,8 +128,16 @@ def _arrivals(path: Path, df: pd.DataFrame, col: str, fmt: str) -> np.ndarray:
 def read_csv_strings(p: Path) -> pd.DataFrame:
     """A CSV as strings, blank lines kept as rows (so row i is line i + 2); a file pandas cannot
     parse is a one-line DataError naming it."""
+    text = read_text(p)  # compression sniffed, UTF-8 checked (sim/core/textio.py)
+    if text and not text.endswith(("\n", "\r")) and "\n" in text.strip("\r\n"):
+        # NOTE: a last line without its newline may be a row cut in the middle (a copy or a
+        # download that stopped): refused rather than read as a shorter row.
+        last = text.rsplit("\n", 1)[-1]
+        if last.count(",") < text.split("\n", 1)[0].count(","):
+            raise DataError(f"{p}: the last line ends mid-row ({last[:40]!r}: fewer fields than the header); "
+                            f"the file looks cut")
     try:
-        return pd.read_csv(p, dtype=str, keep_default_na=False, skip_blank_lines=False)
+        return pd.read_csv(io.StringIO(text), dtype=str, keep_default_na=False, skip_blank_lines=False)
     except pd.errors.EmptyDataError:
         raise DataError(f"{p}: empty file (no header line)") from None
     except (pd.errors.ParserError, UnicodeDecodeError) as exc:

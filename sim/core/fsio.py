@@ -1,0 +1,210 @@
+"""Writes that cannot destroy: atomic files and PipeSim's own output folders.
+
+- **Atomic files.** Every output file is written to a temporary sibling (`.NAME.tmp-PID`) and
+  renamed over `NAME` only once complete (`os.replace`, atomic on one file system), so a reader
+  never sees half a file and a crash or Ctrl-C leaves the old file (or none), never a fragment.
+- **Marked folders.** Every output folder PipeSim creates holds a marker file `.pipesim` naming
+  its kind (`run`, `goodput`, `plan`, `compare`, `gate`, `results`, `profile`, ...). A command
+  writes into a folder only when the folder is new or empty, or is marked with the command's
+  own kind; a folder of another kind, a folder of someone else's files, the project's root and
+  its ancestors, the home folder and `/` are refused (`--force` never clears those).
+- **Runs replaced only after success.** `ppsim run --force` writes the new run into a staging
+  sibling and swaps it in once every file is written (`Staged`); a refused or failed new run
+  leaves the old one as it was.
+
+Run folders written before the marker existed (holding only a run's files) count as `run`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+from pathlib import Path
+from typing import Iterator
+
+from sim.core.errors import ConfigError
+
+MARKER = ".pipesim"
+RUN_FILES = frozenset({
+    "summary.json", "requests.csv", "iterations.csv", "requests.npz", "iterations.npz", "requests.parquet",
+    "iterations.parquet", "config.toml", "decisions.csv", "moves.csv", "timeline.json", "timeline.png",
+    "report.md", "report.png", MARKER,
+})
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def _tmp_sibling(path: Path, tag: str = "tmp") -> Path:
+    return path.with_name(f".{path.name}.{tag}-{os.getpid()}")
+
+
+@contextlib.contextmanager
+def atomic_path(path: str | Path) -> Iterator[Path]:
+    """Yield a temporary sibling of `path` to write; on success it is renamed to `path`,
+    on any error (or interrupt) it is removed and `path` is untouched."""
+    path = Path(path)
+    tmp = _tmp_sibling(path)
+    try:
+        yield tmp
+        os.replace(tmp, path)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+
+
+def write_text(path: str | Path, text: str) -> None:
+    with atomic_path(path) as tmp:
+        tmp.write_text(text)
+
+
+def write_bytes(path: str | Path, data: bytes) -> None:
+    with atomic_path(path) as tmp:
+        tmp.write_bytes(data)
+
+
+def marker_kind(folder: Path) -> str | None:
+    """The kind a PipeSim output folder is marked with; "run" for a pre-marker run folder
+    (holding only a run's files); None for any other folder."""
+    mark = folder / MARKER
+    if mark.is_file():
+        try:
+            text = mark.read_text(errors="replace")
+        except OSError:
+            return None
+        for line in text.splitlines():
+            key, _, value = line.partition("=")
+            if key.strip() == "kind":
+                return value.strip().strip('"') or None
+        return None
+    entries = {p.name for p in folder.iterdir()} if folder.is_dir() else set()
+    if entries and entries <= RUN_FILES and "summary.json" in entries:
+        return "run"
+    return None
+
+
+def _protected(folder: Path) -> str | None:
+    """Why `folder` may never be an output folder, or None."""
+    f = folder.resolve()
+    if f == Path(f.anchor):
+        return "the file system's root"
+    with contextlib.suppress(RuntimeError, KeyError):
+        if f == Path.home().resolve():
+            return "the home folder"
+    if f == REPO_ROOT or f in REPO_ROOT.parents:
+        return "the project's root (or a folder above it)"
+    if (f / ".git").exists() or (f / "pyproject.toml").is_file():
+        return "a project's root (it holds .git or pyproject.toml)"
+    return None
+
+
+def _mkdir(folder: Path, flag: str, target: Path | None = None) -> None:
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        why = exc.strerror or str(exc)
+        if isinstance(exc, FileExistsError) or (exc.filename and Path(exc.filename).is_file()):
+            why = f"{exc.filename} is a file (Not a directory)"
+        raise ConfigError(f"{flag} {target or folder}: cannot be created: {why}") from None
+
+
+def mark(folder: Path, kind: str) -> None:
+    write_text(folder / MARKER, f'kind = "{kind}"\n# written by PipeSim: this folder holds its {kind} outputs\n')
+
+
+def claim(folder: str | Path, kind: str, flag: str = "--out") -> Path:
+    """Make `folder` PipeSim's `kind` output folder (see the module docstring); returns it.
+    A new or empty folder is created and marked; a folder marked `kind` is reused (its files
+    are replaced one by one, atomically); anything else is a one-line ConfigError."""
+    folder = Path(folder)
+    if folder.exists() and not folder.is_dir():
+        raise ConfigError(f"{flag} {folder}: exists and is not a folder")
+    why = _protected(folder) if folder.exists() else None
+    if why:
+        raise ConfigError(f"{flag} {folder}: is {why}; allowed: a new folder, or one PipeSim made for {kind} outputs")
+    if folder.is_dir() and any(folder.iterdir()):
+        found = marker_kind(folder)
+        if found != kind:
+            what = f"a PipeSim {found} folder" if found else "a folder of other files"
+            raise ConfigError(f"{flag} {folder}: is {what}; allowed: a new or empty folder, or a PipeSim {kind} "
+                              f"folder (choose another folder)")
+        if not (folder / MARKER).is_file():
+            mark(folder, kind)
+        return folder
+    _mkdir(folder, flag)
+    mark(folder, kind)
+    return folder
+
+
+def check_new_file(path: str | Path, force: bool, flag: str, owner_kinds: tuple[str, ...] = ()) -> Path:
+    """A single output file (`--json PATH`, `fidelity --out FILE`): refused when it exists,
+    unless `force` or its folder is a PipeSim folder of one of `owner_kinds`."""
+    path = Path(path)
+    if path.is_dir():
+        raise ConfigError(f"{flag} {path}: is a folder; allowed: a file path")
+    if path.exists() and not force and marker_kind(path.parent) not in owner_kinds:
+        raise ConfigError(f"{flag} {path}: exists and PipeSim did not write it here; add --force to replace it, "
+                          f"or choose a new path")
+    why = _protected(path.parent) if path.parent.exists() and path.exists() and not force else None
+    if why:
+        raise ConfigError(f"{flag} {path}: is in {why}; add --force to replace it")
+    _mkdir(path.parent, flag, path)
+    return path
+
+
+class Staged:
+    """A run folder written beside its destination and swapped in once complete.
+
+    `Staged(out, force)` refuses at once what cannot be replaced (see `claim`; an existing run
+    needs `force`), `.path` is the staging folder to write into, `.commit()` swaps it in
+    (removing the old run only then), `.discard()` removes it. As a context manager it
+    discards on an exception and leaves the commit to the caller."""
+
+    def __init__(self, out: str | Path, force: bool, kind: str = "run", flag: str = "--out") -> None:
+        self.out = Path(out)
+        self.kind = kind
+        if self.out.exists():
+            if not self.out.is_dir():
+                raise ConfigError(f"{flag} {self.out}: exists and is not a folder")
+            why = _protected(self.out)
+            if why:
+                raise ConfigError(f"{flag} {self.out}: is {why}; allowed: a new folder")
+            entries = sorted(p.name for p in self.out.iterdir())
+            if entries:
+                found = marker_kind(self.out)
+                if found != kind:
+                    foreign = [e for e in entries if e not in RUN_FILES]
+                    what = (f"a PipeSim {found} folder" if found else
+                            f"a folder of files that are not a run's ({', '.join(foreign[:3])}"
+                            f"{', ...' if len(foreign) > 3 else ''})")
+                    raise ConfigError(f"{flag} {self.out}: is {what}; choose a new folder")
+                if not force:
+                    shown = [e for e in entries if e != MARKER]
+                    raise ConfigError(f"{flag} {self.out}: holds another run ({', '.join(shown[:3])}"
+                                      f"{', ...' if len(shown) > 3 else ''}); add --force to replace it, or choose "
+                                      f"a new folder")
+        _mkdir(self.out.parent, flag, self.out)
+        self.path = _tmp_sibling(self.out, "partial")
+        shutil.rmtree(self.path, ignore_errors=True)
+        self.path.mkdir()
+        mark(self.path, kind)
+
+    def commit(self) -> Path:
+        old = None
+        if self.out.exists():
+            old = _tmp_sibling(self.out, "old")
+            shutil.rmtree(old, ignore_errors=True)
+            os.replace(self.out, old)
+        os.replace(self.path, self.out)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+        return self.out
+
+    def discard(self) -> None:
+        shutil.rmtree(self.path, ignore_errors=True)
+
+    def __enter__(self) -> "Staged":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is not None:
+            self.discard()
