@@ -6,6 +6,7 @@ from __future__ import annotations
 from sim.core.lazy import lazy
 
 import copy
+import math
 from dataclasses import dataclass, field
 from typing import Callable
 from pathlib import Path
@@ -27,11 +28,9 @@ SWEEP_WORKLOADS = {
     "cnn-reversed": ({"name": "cnn-reversed", "num_requests": 1000}, list(range(1, 12))),
 }
 QUICK_REQUESTS = 120
-# Goodput searches may extend past the sweep's range up to this factor times its top rate; a
-# search still passing there reports that rate as a lower bound (flag not_bracketed). With the
-# arrival window held (sim/studies/sweep.py), a run at k times the top rate has k times the requests,
-# so the factor bounds the cost of a search.
-MAX_RATE_FACTOR = 2.0
+# Goodput searches extend past the sweep's range until a rate fails, up to the deployment's
+# physical ceiling (sim/studies/inputs.py); with the arrival window held at the artifact's own
+# (its requests over its top rate), a run at k times the top rate has k times the requests.
 # Schemes per (model, workload, SLO scale, seed) whose goodput, found first, sets the others' hint
 # in `goodput_study` (the others are hinted with the pilots' mean ratio to their reference).
 PILOTS = 2
@@ -61,9 +60,11 @@ class Context:
         return 0.25 if self.quick else 0.05
 
     def write(self, df: pd.DataFrame, name: str) -> Path:
+        from sim.core.fsio import write_frame
+
         self.out_dir.mkdir(parents=True, exist_ok=True)
         path = self.out_dir / name
-        df.to_csv(path, index=False, float_format="%.6g")
+        write_frame(df, path, index=False, float_format="%.6g")
         return path
 
     def read(self, name: str) -> pd.DataFrame:
@@ -130,9 +131,10 @@ def goodput_study(ctx: Context, models, workloads, schemes, slo_scales=(1.0,), d
                                      "chunk": chunk, "slo_scale": scale, "seed": seed}
                             full = full_sweep is True or (full_sweep == "first-seed" and seed == first_seed)
                             searches.append(Search(label, table, rates, 2000.0 * scale, 200.0 * scale,
-                                                   full_sweep=full, probe_table=probe))
+                                                   full_sweep=full, probe_table=probe,
+                                                   min_window_s=wtable["num_requests"] / max(rates)))
     top = max(max(s.rates) for s in searches)
-    max_rate = MAX_RATE_FACTOR * top if extend else top
+    max_rate = math.inf if extend else top
     # Searches run in three phases, each later one starting near an earlier goodput
     # (`Search.hint_rps`; it gallops from there, `sim.studies.sweep._gallop`) instead of climbing from the
     # lowest rate: the same goodput when the outcome is monotone in the rate, without the low-rate
@@ -260,8 +262,10 @@ def aggregate_goodput(good: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
 
 
 def savefig(fig, path: Path) -> Path:
+    from sim.core.fsio import save_figure
+
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110, bbox_inches="tight")
+    save_figure(fig, path, dpi=110, bbox_inches="tight")
     import matplotlib.pyplot as plt
 
     plt.close(fig)

@@ -109,7 +109,7 @@ def test_unknown_command_exits_2(capsys):
 
 @pytest.mark.parametrize("argv,needle", [
     (["reproduce", "fig99"], "unknown experiment 'fig99'"),
-    (["plan", "--slo-ttft-ms", "-5", "--no-progress"], "must be positive"),
+    (["plan", "--slo-ttft-ms", "-5", "--no-progress"], "--slo-ttft-ms: must be a finite number in (0, "),
     (["goodput", str(REPO / "experiments/configs/default.toml"), "--rates", "0:3"], "need 0 < LO <= HI"),
 ])
 def test_bad_command_arguments_are_one_line_and_exit_2(tmp_path, capsys, argv, needle):

@@ -224,7 +224,7 @@ def test_gate_with_several_workloads(tmp_path, capsys):
 
 @pytest.mark.parametrize("extra, needles", [
     (["--baseline", "PP_64", "--candidate", "PP_1024", "--margin", "five"], ["--margin 'five'"]),
-    (["--baseline", "PP_64", "--candidate", "PP_1024", "--seeds", "0"], ["--seeds must be >= 1"]),
+    (["--baseline", "PP_64", "--candidate", "PP_1024", "--seeds", "0"], ["--seeds: must be an integer in [1, 1000]"]),
     (["--baseline", "XP_64", "--candidate", "PP_1024"], ["--baseline 'XP_64'", "allowed: TP, PP_<c>"]),
     (["--baseline", "PP_64", "--candidate", "nope.toml"], ["--candidate: overlay file not found"]),
     (["--baseline", "TP", "--candidate", "PP_64"], ["--baseline 'TP'", "not a shipped profile"]),

@@ -72,7 +72,8 @@ def test_run_writes_parquet_with_the_csv_values_and_report_and_compare_read_it(t
 
 def test_a_broken_table_is_a_one_line_error(tmp_path, capsys):
     (tmp_path / "summary.json").write_text("{}")
-    write_parquet(pd.DataFrame({"req_id": [0], "status": ["finished"]}), tmp_path / "requests.parquet")
+    write_parquet(pd.DataFrame({"req_id": [0], "status": ["finished"], "ttft_ms": [1.0], "tpot_ms": [1.0]}),
+                  tmp_path / "requests.parquet")
     (tmp_path / "iterations.parquet").write_bytes(b"not parquet")
     assert main(["report", str(tmp_path)]) != 0
     err = capsys.readouterr().err.strip().splitlines()

@@ -212,7 +212,7 @@ def test_plan_replays_a_trace_at_its_timestamps(tmp_path, capsys):
 
 
 def test_plan_bad_inputs_are_one_line(tmp_path, capsys):
-    for argv, msg in ((["--rate", "0"], "--rate must be > 0"), (["--slo", "ttft:p99"], "--slo"),
+    for argv, msg in ((["--rate", "0"], "--rate: must be a finite number in (0, "), (["--slo", "ttft:p99"], "--slo"),
                       (["--price-per-gpu-hour", "tpu=3"], "unknown name 'tpu'"),
                       (["--trace", str(tmp_path / "none.csv")], "--trace")):
         assert main(["plan", "--model", "qwen2.5-14b", "--gpus", "2", "--no-progress", "--out", str(tmp_path), *argv]) == 2

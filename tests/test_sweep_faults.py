@@ -82,13 +82,33 @@ def test_garbage_bytes_and_blank_lines_are_skipped(tmp_path):
     assert ev.calls == [1.0, 2.0] and [o["rate"] for o in out] == [1.0, 2.0]
 
 
-def test_lines_written_before_checks_existed_are_still_read(tmp_path):
+def test_lines_without_their_inputs_digest_are_run_again(tmp_path):
+    # Lines written before the key covered the inputs' contents cannot say which profile or
+    # trace they read: they are not served (the point runs again and is stored with its inputs).
     cache = tmp_path / "c.jsonl"
     t = tables(1)[0]
-    cache.write_text(json.dumps({"id": point_id(t), "table": t, "summary": {"status": "ok", "rate": 1.0}}) + "\n")
+    cache.write_text(json.dumps({"id": point_id(t), "table": t, "summary": {"status": "ok", "rate": -1.0}}) + "\n")
     ev = Counting()
-    assert Runner(cache, progress=False, evaluate_fn=ev).run([t]) == [{"status": "ok", "rate": 1.0}]
-    assert ev.calls == []
+    out = Runner(cache, progress=False, evaluate_fn=ev).run([t])
+    assert ev.calls == [1.0] and out[0]["rate"] == 1.0
+    ev2 = Counting()
+    assert Runner(cache, progress=False, evaluate_fn=ev2).run([t]) == out and ev2.calls == []
+
+
+def test_an_input_edited_in_place_is_simulated_again(tmp_path):
+    # The same config table, a workload file edited at the same path: a new point.
+    wl = tmp_path / "mine.toml"
+    wl.write_text('kind = "synthetic-uniform"\nnum_requests = 5\nrate_rps = 1.0\ninput_range = [10, 20]\n'
+                  'output_range = [2, 3]\n')
+    t = {**tables(1)[0], "workload": {"name": str(wl), "rate_rps": 1.0}}
+    cache = tmp_path / "c.jsonl"
+    ev = Counting()
+    Runner(cache, progress=False, evaluate_fn=ev).run([t])
+    Runner(cache, progress=False, evaluate_fn=ev).run([t])
+    assert len(ev.calls) == 1  # unchanged: served from the cache
+    wl.write_text(wl.read_text().replace("[10, 20]", "[10, 40]"))
+    Runner(cache, progress=False, evaluate_fn=ev).run([t])
+    assert len(ev.calls) == 2
 
 
 def _sweep_into(cache, offset, n, barrier):

@@ -73,12 +73,65 @@ def _flag_of(args, filename: str) -> str:
     return ""
 
 
+class PipeGuard:
+    """stdout that survives its reader leaving (`ppsim goodput ... | head -1`): the first
+    BrokenPipeError points the descriptor at /dev/null and later writes are dropped, so the
+    command finishes and writes its files; `main` then exits 141 (128 + SIGPIPE), as `cat` does."""
+
+    def __init__(self, inner) -> None:
+        self.inner = inner
+        self.broken = False
+
+    def _gone(self) -> None:
+        self.broken = True
+        try:
+            os.dup2(os.open(os.devnull, os.O_WRONLY), self.inner.fileno())
+        except (OSError, ValueError, AttributeError):
+            pass  # not a file descriptor (e.g. captured by a test): nothing flushes it at exit
+
+    def write(self, text: str) -> int:
+        if not self.broken:
+            try:
+                return self.inner.write(text)
+            except BrokenPipeError:
+                self._gone()
+        return len(text)
+
+    def flush(self) -> None:
+        if not self.broken:
+            try:
+                self.inner.flush()
+            except BrokenPipeError:
+                self._gone()
+
+    def __getattr__(self, name: str):
+        return getattr(self.inner, name)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
     except SystemExit as exc:  # argparse already printed a one-line usage error
         return int(exc.code or 0)
+    import signal
+    import threading
+
+    main_thread = threading.current_thread() is threading.main_thread()
+    sigint = signal.getsignal(signal.SIGINT) if main_thread else None
+    guard = sys.stdout = PipeGuard(sys.stdout)
+    try:
+        return _dispatch(parser, args, guard)
+    finally:
+        if sys.stdout is guard:
+            sys.stdout = guard.inner
+        if main_thread and sigint is not None:
+            signal.signal(signal.SIGINT, sigint)  # (a test calling main in-process keeps its handler)
+
+
+def _dispatch(parser, args, guard: PipeGuard) -> int:
+    import signal
+
     try:
         if hasattr(args, "plugin"):
             import sim.policies  # noqa: F401  (creates the plug-in kinds' registries before loading)
@@ -87,8 +140,8 @@ def main(argv: list[str] | None = None) -> int:
             args.plugin = [normalize(p) for p in args.plugin]
             load_all(args.plugin)
         code = int(args.func(args) or 0)
-        sys.stdout.flush()  # inside the try: a reader that left shows up here, not at exit
-        return code
+        guard.flush()  # inside the try: a reader that left shows up here, not at exit
+        return 141 if guard.broken else code
     except PipeSimError as exc:
         if getattr(args, "debug", False):
             import traceback
@@ -100,15 +153,16 @@ def main(argv: list[str] | None = None) -> int:
         print(f"ppsim: error: {' '.join(msg.split())}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
+        # Handled once: a second Ctrl-C while this one is being handled is ignored, not a traceback.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
         print("ppsim: interrupted", file=sys.stderr)
         return 130
-    except BrokenPipeError:
-        # The reader (e.g. `| head -1`) left: stop quietly, as `cat` does (128 + SIGPIPE).
-        # Point stdout at /dev/null so the interpreter's final flush does not fail again.
-        try:
-            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        except (OSError, ValueError, AttributeError):
-            pass  # stdout is not a file descriptor (e.g. captured): nothing will flush it at exit
+    except SystemExit as exc:  # nothing of PipeSim's exits mid-command: user code did (a plug-in)
+        print(f"ppsim: error: code outside PipeSim called sys.exit({exc.code!r}) during the command "
+              f"(a plug-in?); no outputs were completed", file=sys.stderr)
+        return 2
+    except BrokenPipeError:  # a write that bypassed the guard (e.g. a progress bar's)
+        guard._gone()
         return 141
     except OSError as exc:
         if exc.filename is None or os.environ.get("PPSIM_DEBUG"):

@@ -9,3 +9,53 @@ def add_arguments(parser) -> None:
                         help="load chunk policies / rebalancers from a .py file or an importable module "
                              "(repeatable; see sim/policies/API.md)")
     parser.add_argument("--debug", action="store_true", help="print the traceback of an error")
+
+
+# ---------------------------------------------------------------- numeric flags
+# argparse `type=` functions: a bad value is argparse's one-line usage error naming the flag and
+# the allowed range (sim.core.checks, the same gate as config numbers), exit 2.
+
+def _typed(parse, lo, hi, *, integer: bool, lo_open: bool = False):
+    import argparse
+
+    from sim.core.checks import describe_range, number
+    from sim.core.errors import ConfigError
+
+    def convert(text: str):
+        try:
+            value = parse(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r}: expected {describe_range(lo, hi, integer=integer, lo_open=lo_open)}")
+        try:
+            return number(value, "", "value", lo, hi, integer=integer, lo_open=lo_open)
+        except ConfigError as exc:
+            raise argparse.ArgumentTypeError(str(exc).replace("value must be", "must be")) from None
+
+    convert.__name__ = "integer" if integer else "number"
+    return convert
+
+
+def int_in(lo: int | None, hi: int | None):
+    return _typed(int, lo, hi, integer=True)
+
+
+def float_in(lo: float | None, hi: float | None, lo_open: bool = False):
+    return _typed(float, lo, hi, integer=False, lo_open=lo_open)
+
+
+SEEDS = int_in(1, 1000)
+TOL = float_in(0, 10, lo_open=True)
+
+
+def jobs(text: str) -> int:
+    """--jobs N: at least 1; more than the machine's cores is capped at them, with a warning
+    (more processes than cores only share the cores, each holding its own memory)."""
+    import os
+    import sys
+
+    n = int_in(1, 4096)(text)
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    if n > cores:
+        print(f"ppsim: warning: --jobs {n} capped at this machine's {cores} cores", file=sys.stderr)
+        return cores
+    return n

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 from sim.core.errors import ConfigError
 from sim.core.lazy import lazy
@@ -38,9 +37,10 @@ def cmd_compare(args) -> int:
     table = compare_table(runs)
     with pd.option_context("display.width", 200, "display.max_columns", 30):
         print(table.to_string(index=False, float_format=lambda v: f"{v:.4g}"))
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    table.to_csv(out / "compare.csv", index=False, float_format="%.6g")
+    from sim.core import fsio
+
+    out = fsio.claim(args.out, "compare")
+    fsio.write_frame(table, out / "compare.csv", index=False, float_format="%.6g")
     plot_cdfs(runs, out / "compare.png")
     print(f"wrote {out}/compare.csv, {out}/compare.png")
     return 0

@@ -19,6 +19,7 @@ import re
 import time
 from pathlib import Path
 
+from sim.cli.common import SEEDS, TOL, jobs
 from sim.core.errors import ConfigError
 
 EPILOG = """examples:
@@ -45,14 +46,14 @@ def add_commands(sub) -> None:
     p.add_argument("--metric", required=True, choices=list(METRICS))
     p.add_argument("--expect", default="better", choices=list(EXPECTATIONS), help="default: better")
     p.add_argument("--margin", default="5%", help="non-inferiority margin, %% of the baseline mean (default 5%%)")
-    p.add_argument("--seeds", type=int, default=5, help="paired seeds (default 5; the config's seed and up)")
+    p.add_argument("--seeds", type=SEEDS, default=5, help="paired seeds (default 5; the config's seed and up)")
     p.add_argument("--workload", action="append", default=[], metavar="W",
                    help="workload name (workloads/); repeatable; default: the config's workload")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override; repeatable")
     p.add_argument("--rates", default="2:10:2",
                    help="goodput: integer rates to climb, LO:HI[:STEP] (default 2:10:2; bisection refines)")
-    p.add_argument("--tol", type=float, default=0.25, help="goodput: bisection tolerance in req/s (default 0.25)")
-    p.add_argument("--jobs", type=int, default=1, help="parallel simulation processes (default 1)")
+    p.add_argument("--tol", type=TOL, default=0.25, help="goodput: bisection tolerance in req/s (default 0.25)")
+    p.add_argument("--jobs", type=jobs, default=1, help="parallel simulation processes (default 1)")
     p.add_argument("--executor", default="process", help="process (default) or ray")
     p.add_argument("--address", default=None, help="Ray cluster address (with --executor ray)")
     p.add_argument("--out", default="runs/gate", help="folder for gate.md and gate.json (default runs/gate)")
@@ -155,8 +156,8 @@ def workload_tables(base: dict, names: list[str]) -> list[tuple[str, dict]]:
 
 def run_gate(args) -> dict:
     from sim.core.config import config_from_table, load_table
-    from sim.studies.gate import METRICS, compare, overall
     from sim.core.plugins import add_to_table
+    from sim.studies.gate import METRICS, compare, overall
     from sim.studies.sweep import Runner, Search, goodput_searches
 
     margin = parse_margin(args.margin)
@@ -214,10 +215,11 @@ def cmd_gate(args) -> int:
     result = run_gate(args)
     result["elapsed_s"] = round(time.perf_counter() - t0, 2)
     md = markdown(result) + f"\n({result['simulations']} simulations in {result['elapsed_s']:.1f} s, --jobs {args.jobs})\n"
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "gate.md").write_text(md)
-    (out / "gate.json").write_text(json.dumps(result, indent=2) + "\n")
+    from sim.core import fsio
+
+    out = fsio.claim(args.out, "gate")
+    fsio.write_text(out / "gate.md", md)
+    fsio.write_text(out / "gate.json", json.dumps(result, indent=2) + "\n")
     print(md, end="")
     print(f"written: {out / 'gate.md'}, {out / 'gate.json'}")
     return 0 if result["overall"]["holds"] else 1

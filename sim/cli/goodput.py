@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
+from sim.cli.common import SEEDS, TOL, jobs
 from sim.core.errors import ConfigError
 
 GOODPUT_EPILOG = """examples:
@@ -27,9 +27,9 @@ def add_commands(sub) -> None:
                    help="rates to sweep (req/s), LO:HI[:STEP] inclusive, fractions allowed (default 1:10)")
     p.add_argument("--slo", action="append", default=[], metavar="METRIC:pQ:MS",
                    help="an SLO at any percentile, e.g. ttft:p99:1000 (metrics: ttft, tpot, e2e); repeatable")
-    p.add_argument("--tol", type=float, default=0.05, help="bisection tolerance in req/s (default 0.05)")
-    p.add_argument("--seeds", type=int, default=1, help="replications (mean and 95%% CI)")
-    p.add_argument("--jobs", type=int, default=1)
+    p.add_argument("--tol", type=TOL, default=0.05, help="bisection tolerance in req/s (default 0.05)")
+    p.add_argument("--seeds", type=SEEDS, default=1, help="replications (mean and 95%% CI)")
+    p.add_argument("--jobs", type=jobs, default=1)
     p.add_argument("--executor", default="process", help="process (default) or ray")
     p.add_argument("--address", default=None)
     p.add_argument("--out", default=None, help="folder for the per-rate CSV and the point cache")
@@ -41,10 +41,15 @@ def cmd_goodput(args) -> int:
     import pandas as pd
 
     from sim.core.config import config_from_table, load_table
-    from sim.studies.sweep import Runner, Search, goodput_searches, mean_ci, per_rate_rows
-
     from sim.core.slo import slo_overrides
-    from sim.studies.sweep import parse_rates
+    from sim.studies.sweep import (
+        Runner,
+        Search,
+        goodput_searches,
+        mean_ci,
+        parse_rates,
+        per_rate_rows,
+    )
 
     rates = parse_rates(args.rates)
     base = load_table(args.config, args.set + slo_overrides(args.slo))
@@ -63,7 +68,9 @@ def cmd_goodput(args) -> int:
                        f"{args.tol:g} req/s (Poisson)")
     context["seed"] = f"{base.get('seed', 1)}" if args.seeds == 1 else f"1-{args.seeds}"
     print(format_header(context), flush=True)
-    out = Path(args.out) if args.out else None
+    from sim.core import fsio
+
+    out = fsio.claim(args.out, "goodput") if args.out else None  # a new folder, or an earlier goodput's
     runner = Runner(out / "cache.jsonl" if out else None, jobs=args.jobs, executor=args.executor,
                     address=args.address, progress=not args.no_progress)
     searches = []
@@ -79,5 +86,5 @@ def cmd_goodput(args) -> int:
     print(f"goodput: {m:.2f} req/s with {cfg.slo.describe()}" + (f" (95% CI {ci_lo:.2f}-{ci_hi:.2f} over {args.seeds} seeds)" if args.seeds > 1 else "")
           + (f" [{'; '.join(flags)}]" if flags else ""))
     if out:
-        rows.to_csv(out / "goodput_rates.csv", index=False)
+        fsio.write_frame(rows, out / "goodput_rates.csv", index=False)
     return 0

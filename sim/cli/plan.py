@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import argparse
 import json
-from pathlib import Path
 
+from sim.cli.common import SEEDS, float_in, int_in, jobs
+from sim.core import fsio
 from sim.core.lazy import lazy
 from sim.core.slo import SLO, slo_from_specs
 from sim.studies.plan import POLICIES, _jsonable, plot_plan, run_plan
@@ -31,41 +32,46 @@ def add_commands(sub) -> None:
     p.add_argument("--interconnect", default="pcie",
                    help="pcie (a100-pcie-40gb), nvlink (a100-sxm-80gb-nvswitch) or both (like-for-like: "
                         "only the communication model differs)")
-    p.add_argument("--gpus", type=int, default=4, help="number of GPUs (default 4)")
+    p.add_argument("--gpus", type=int_in(1, 4096), default=4, help="number of GPUs (default 4)")
     p.add_argument("--workload", default="azure-conv-synth", help="workload name or a workload TOML file")
     p.add_argument("--trace", default=None, metavar="FILE",
                    help="a CSV trace (Azure columns by default) replayed at its timestamps (scaled to --rate if given)")
     p.add_argument("--set", action="append", default=[], metavar="workload.KEY=VALUE", help="workload override")
-    p.add_argument("--rate", type=float, default=None,
+    p.add_argument("--rate", type=float_in(0, 1e6, lo_open=True), default=None,
                    help="the load in req/s: simulate every candidate at it (default: rank by goodput)")
     p.add_argument("--slo", action="append", default=[], metavar="METRIC:pQ:MS",
                    help="an SLO at any percentile, e.g. ttft:p99:2000 (ttft, tpot, e2e); default P90 TTFT 2000, "
                         "P90 TPOT 200")
-    p.add_argument("--slo-ttft-ms", type=float, default=2000.0, help="P90 TTFT SLO (ms) unless --slo ttft:... is given")
-    p.add_argument("--slo-tpot-ms", type=float, default=200.0, help="P90 TPOT SLO (ms) unless --slo tpot:... is given")
-    p.add_argument("--seeds", type=int, default=3, help="paired seeds per candidate (default 3)")
+    p.add_argument("--slo-ttft-ms", type=float_in(0, 1e10, lo_open=True), default=2000.0, help="P90 TTFT SLO (ms) unless --slo ttft:... is given")
+    p.add_argument("--slo-tpot-ms", type=float_in(0, 1e10, lo_open=True), default=200.0, help="P90 TPOT SLO (ms) unless --slo tpot:... is given")
+    p.add_argument("--seeds", type=SEEDS, default=3, help="paired seeds per candidate (default 3)")
     p.add_argument("--price-per-gpu-hour", default=None, metavar="PRICE",
                    help="$ per GPU-hour, one number or per interconnect (pcie=1.6,nvlink=2.2)")
-    p.add_argument("--replicate-within", type=float, default=0.25,
+    p.add_argument("--replicate-within", type=float_in(0, 10), default=0.25,
                    help="rate mode: run the other seeds only for candidates whose first-seed margin is within this "
                         "of 0 or of the best (default 0.25)")
-    p.add_argument("--prune-below", type=float, default=0.5,
+    p.add_argument("--prune-below", type=float_in(0, 1), default=0.5,
                    help="goodput mode: prune splits below this share of the best screen (default 0.5)")
-    p.add_argument("--jobs", type=int, default=1)
+    p.add_argument("--jobs", type=jobs, default=1)
     p.add_argument("--executor", default="process", help="process (default) or ray")
     p.add_argument("--address", default=None, help="Ray cluster address")
     p.add_argument("--quick", action="store_true", help="at most 150 requests and a coarser search")
     p.add_argument("--out", default="runs/plan", help="output folder (default runs/plan)")
-    p.add_argument("--json", default=None, metavar="PATH", help="also write the plan as JSON to PATH")
-    p.add_argument("--top", type=int, default=15, help="ranked candidates printed (default 15)")
+    p.add_argument("--json", default=None, metavar="PATH", help="also write the plan as JSON to PATH (a new file)")
+    p.add_argument("--force", action="store_true", help="let --json replace an existing file")
+    p.add_argument("--top", type=int_in(1, 100000), default=15, help="ranked candidates printed (default 15)")
     p.add_argument("--all", action="store_true", help="print every simulated candidate")
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(func=cmd_plan)
 
 
-
 def cmd_plan(args) -> int:
     from sim.outputs.context import describe_workload, format_header
+
+    # refused before the candidates are simulated, not after
+    out = fsio.claim(args.out, "plan")
+    if args.json:
+        fsio.check_new_file(args.json, args.force, "--json")
 
     source, rate = describe_workload({"name": args.workload})
     slo_text = slo_from_specs(args.slo, SLO(ttft_ms=args.slo_ttft_ms, tpot_ms=args.slo_tpot_ms)).describe()
@@ -78,16 +84,13 @@ def cmd_plan(args) -> int:
         "seed": f"1-{args.seeds} (paired)" if args.seeds > 1 else "1", "slo": slo_text,
     }), flush=True)
     df, meta = run_plan(args)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     mode, slo = meta["mode"], slo_from_specs(args.slo, SLO(ttft_ms=args.slo_ttft_ms, tpot_ms=args.slo_tpot_ms))
-    df.to_csv(out / "plan.csv", index=False, float_format="%.6g")
+    fsio.write_frame(df, out / "plan.csv", index=False, float_format="%.6g")
     doc = {**meta, "candidates": [{k: _jsonable(v) for k, v in r.items()} for r in df.to_dict("records")]}
     text = json.dumps(doc, indent=1, default=str) + "\n"
-    (out / "plan.json").write_text(text)
+    fsio.write_text(out / "plan.json", text)
     if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(text)
+        fsio.write_text(args.json, text)
     plot_plan(df, mode, meta["slo"], out / "plan.png")
     print(meta["load"] + f"; {meta['seeds']} paired seed(s); {meta['slo']}")
     for line in meta["interconnect_notes"]:
@@ -118,6 +121,6 @@ def cmd_plan(args) -> int:
         for r in warn.itertuples():
             print(f"  {r.deployment}: {r.warnings}")
     print("\n" + meta["verdict"])
-    (out / "recommendation.txt").write_text(meta["verdict"] + "\n")
+    fsio.write_text(out / "recommendation.txt", meta["verdict"] + "\n")
     print(f"\nwrote {out}/plan.csv, plan.json, plan.png, recommendation.txt" + (f" and {args.json}" if args.json else ""))
     return 0

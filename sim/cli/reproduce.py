@@ -7,6 +7,7 @@ import importlib
 import time
 from pathlib import Path
 
+from sim.cli.common import SEEDS, jobs
 from sim.core.errors import ConfigError
 
 EPILOG = """examples:
@@ -27,10 +28,10 @@ def add_commands(sub) -> None:
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("experiment", help=f"one of: {', '.join(EXPERIMENT_IDS)}, all")
     p.add_argument("--quick", action="store_true", help="fewer requests and rates (CI); writes results-quick/")
-    p.add_argument("--jobs", type=int, default=1, help="parallel simulation processes (default 1)")
+    p.add_argument("--jobs", type=jobs, default=1, help="parallel simulation processes (default 1)")
     p.add_argument("--executor", default="process", help="process (default) or ray")
     p.add_argument("--address", default=None, help="Ray cluster address (with --executor ray)")
-    p.add_argument("--seeds", type=int, default=None,
+    p.add_argument("--seeds", type=SEEDS, default=None,
                    help="paired seeds 1..N of every run and goodput search (default 3; 1 with --quick)")
     p.add_argument("--out", default=None, help="output folder (default experiments/results or results-quick)")
     p.add_argument("--plot-only", action="store_true", help="redraw the figures from existing CSVs")
@@ -50,7 +51,10 @@ def cmd_reproduce(args) -> int:
         args.seeds = 1 if args.quick else 3
     if args.seeds < 1:
         raise ConfigError(f"--seeds must be >= 1, got {args.seeds}")
-    out = Path(args.out) if args.out else (REPO / "results-quick" if args.quick else RESULTS)
+    from sim.core import fsio
+
+    # a new folder, or a results folder reproduce made (experiments/results/ is one: .pipesim)
+    out = fsio.claim(Path(args.out) if args.out else (REPO / "results-quick" if args.quick else RESULTS), "results")
     ctx = Context(out_dir=out, quick=args.quick, jobs=args.jobs, executor=args.executor, address=args.address,
                   progress=not args.no_progress, seeds=tuple(range(1, args.seeds + 1)))
     total = time.perf_counter()

@@ -8,6 +8,7 @@ import math
 import sys
 from pathlib import Path
 
+from sim.cli.common import int_in
 from sim.core.errors import PipeSimError
 from sim.core.fsio import Staged
 
@@ -198,7 +199,7 @@ def add_commands(sub) -> None:
     p.add_argument("--force", action="store_true", help="clear an --out folder that holds another run")
     p.add_argument("--trace", default=None, metavar="FILE",
                    help="replay this trace file instead of the config's workload (format detected)")
-    p.add_argument("--limit", type=int, default=None, metavar="N", help="with --trace: only the first N rows")
+    p.add_argument("--limit", type=int_in(1, 1 << 40), default=None, metavar="N", help="with --trace: only the first N rows")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.add_argument("--no-iterations", dest="iterations", action="store_false",
                    help="do not write iterations.csv (one row per iteration: the largest output); "

@@ -35,11 +35,10 @@ def add_commands(sub) -> None:
 
 def cmd_validate(args) -> int:
     import json
+    import sys
 
     from experiments.common import REPO
     from sim.studies.validate import validate
-
-    import sys
 
     config = args.config or str(REPO / "experiments" / "configs" / "default.toml")
     # The headers say what was simulated; with --json they go to stderr, stdout stays JSON.

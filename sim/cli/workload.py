@@ -8,8 +8,6 @@ for tests and `python -m sim.cli.workload`).
 
 from __future__ import annotations
 
-from sim.core.lazy import lazy
-
 import argparse
 import json
 import sys
@@ -17,12 +15,21 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
+from sim.core.lazy import lazy
+
 np = lazy("numpy")  # imported on first use (sim/core/lazy.py)
 
+from sim.cli.common import int_in
 from sim.core.errors import ConfigError, PipeSimError
 from sim.workloads import available_workloads, load_workload_file
 from sim.workloads.fetch import DOWNLOADS, cache_dir, download_for_file, fetch
-from sim.workloads.stats import describe_requests, format_stats, is_trace_file, trace_source, workload_stats
+from sim.workloads.stats import (
+    describe_requests,
+    format_stats,
+    is_trace_file,
+    trace_source,
+    workload_stats,
+)
 from sim.workloads.trace import resolve_trace_file
 
 RAW = argparse.RawDescriptionHelpFormatter
@@ -96,8 +103,9 @@ def cmd_plot(args: argparse.Namespace) -> int:
     import matplotlib.pyplot as plt
 
     reqs = describe_requests(args.name, parse_set(args.set), seed=args.seed, as_built=args.as_built)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    from sim.core import fsio
+
+    out = fsio.claim(args.out, "plots")
     stem = Path(args.name).stem if is_trace_file(args.name) or args.name.endswith(".toml") else args.name
     prompts = np.array([r.prompt_tokens for r in reqs])
     outputs = np.array([r.output_tokens for r in reqs])
@@ -114,7 +122,7 @@ def cmd_plot(args: argparse.Namespace) -> int:
     fig.suptitle(f"{stem}: {len(reqs)} requests")
     fig.tight_layout()
     lengths_png = out / f"{stem}-lengths.png"
-    fig.savefig(lengths_png, dpi=120)
+    fsio.save_figure(fig, lengths_png, dpi=120)
     plt.close(fig)
 
     # Arrival rate over time: counts in up to 100 equal bins (about 1 s or wider) spanning
@@ -131,7 +139,7 @@ def cmd_plot(args: argparse.Namespace) -> int:
     ax.legend()
     fig.tight_layout()
     arrivals_png = out / f"{stem}-arrivals.png"
-    fig.savefig(arrivals_png, dpi=120)
+    fsio.save_figure(fig, arrivals_png, dpi=120)
     plt.close(fig)
     print(f"wrote {lengths_png}\nwrote {arrivals_png}")
     return 0
@@ -143,7 +151,7 @@ def _selection_args(p: argparse.ArgumentParser) -> None:
                                 "format detected, see workloads/README.md)")
     p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a workload field (repeatable)")
     p.add_argument("--as-built", action="store_true", help="describe the requests a run builds (trace workloads)")
-    p.add_argument("--seed", type=int, default=1, help="run seed for sampled lengths/arrivals (default 1)")
+    p.add_argument("--seed", type=int_in(0, 2**63 - 1), default=1, help="run seed for sampled lengths/arrivals (default 1)")
 
 
 def add_commands(subparsers) -> None:

@@ -208,3 +208,16 @@ class Staged:
     def __exit__(self, exc_type, exc, tb) -> None:
         if exc_type is not None:
             self.discard()
+
+
+def save_figure(fig, path: str | Path, **kwargs) -> None:
+    """`fig.savefig(path)` through a temporary sibling (the format from `path`'s suffix)."""
+    path = Path(path)
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, format=path.suffix.lstrip(".") or "png", **kwargs)
+
+
+def write_frame(df, path: str | Path, **kwargs) -> None:
+    """`df.to_csv(path, **kwargs)` through a temporary sibling."""
+    with atomic_path(path) as tmp:
+        df.to_csv(tmp, **kwargs)

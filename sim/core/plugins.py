@@ -138,11 +138,14 @@ def _guarded_import(origin: str, do_import) -> None:
     try:
         with registry.loading(origin):
             do_import()
-    except Exception as exc:
+    except (Exception, SystemExit) as exc:  # a plug-in calling sys.exit() must not end ppsim silently
         for r, snap in zip(regs, snaps):
             r.restore(snap)
         if isinstance(exc, PipeSimError):
             raise
+        if isinstance(exc, SystemExit):
+            raise PluginError(f"plug-in {origin}: called sys.exit({exc.code!r}) while being imported; "
+                              f"rule: a plug-in registers policies and returns, it never exits") from None
         raise PluginError(f"plug-in {origin}: failed to import: {type(exc).__name__}: {first_line(exc)}; "
                           f"{RULE_LOAD}") from exc
 

@@ -103,6 +103,9 @@ class Registry(Generic[T]):
         except TypeError as exc:
             loc = f"{where}: " if where else ""
             raise ConfigError(f"{loc}bad parameters for {self.kind} {name!r}: {exc}") from None
+        except SystemExit as exc:
+            raise PluginError(f"{self.kind} {name!r} ({origin}) called sys.exit({exc.code!r}) when built; "
+                              f"rule: a plug-in never exits") from None
         except Exception as exc:
             if origin == BUILT_IN or isinstance(exc, (ConfigError, PluginError)):
                 raise

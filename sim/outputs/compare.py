@@ -11,7 +11,6 @@ run simulated, from summary.json) that differ between the runs are printed first
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 
@@ -19,7 +18,6 @@ from sim.core.lazy import lazy
 np = lazy("numpy")
 pd = lazy("pandas")
 
-from sim.core.errors import DataError
 
 DISTS = (("ttft", "TTFT (ms)"), ("tpot", "TPOT (ms)"), ("itl", "ITL (ms)"), ("e2e", "E2E (ms)"),
          ("iter", "per-iteration latency (ms)"))
@@ -30,18 +28,12 @@ STATS = ("mean", "p50", "p90", "p99")
 
 def load_run(folder: str | Path) -> dict:
     """summary.json, requests.csv and iterations.csv of a `ppsim run --out` folder."""
-    path = Path(folder)
-    if not (path / "summary.json").is_file():
-        raise DataError(f"{path}: not a run folder (no summary.json; write one with `ppsim run CONFIG --out {path}`)")
-    try:
-        summary = json.loads((path / "summary.json").read_text())
-    except json.JSONDecodeError as exc:
-        raise DataError(f"{path / 'summary.json'}: line {exc.lineno}: not valid JSON ({exc.msg})") from None
-    run = {"name": path.name or str(path), "path": path, "summary": summary}
-    from sim.outputs.tables import read_table
+    from sim.outputs.runfolder import ITERATION_COLUMNS, REQUEST_COLUMNS, read_run_table, read_summary
 
-    for key in ("requests", "iterations"):  # .csv, .parquet or .npz (`ppsim run --format`)
-        df = read_table(path, key)
+    path = Path(folder)
+    run = {"name": path.name or str(path), "path": path, "summary": read_summary(path)}
+    for key, cols in (("requests", REQUEST_COLUMNS), ("iterations", ITERATION_COLUMNS)):  # .csv, .parquet or .npz
+        df = read_run_table(path, key, cols, optional=True)
         run[key] = pd.DataFrame() if df is None else df
     return run
 
@@ -116,7 +108,9 @@ def plot_cdfs(runs: list[dict], path: Path) -> None:
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    from sim.core.fsio import save_figure
+
+    save_figure(fig, path, dpi=110)
     plt.close(fig)
 
 

@@ -10,35 +10,27 @@ from __future__ import annotations
 
 from sim.core.lazy import lazy, lazy_pyplot
 
-import json
 from pathlib import Path
 
 plt = lazy_pyplot()
 np = lazy("numpy")  # imported on first use (sim/core/lazy.py)
 pd = lazy("pandas")  # imported on first use (sim/core/lazy.py)
 
-from sim.core.errors import DataError  # noqa: E402
+from sim.core.fsio import save_figure, write_text  # noqa: E402
 
-
-
-def _read(run_dir: Path, name: str) -> pd.DataFrame:
-    from sim.outputs.tables import read_table
-
-    df = read_table(run_dir, name)
-    if df is None:
-        raise DataError(f"{run_dir / name}.csv: missing (nor {name}.npz); is {run_dir} the --out folder of "
-                        f"'ppsim run'?")
-    return df
 
 
 def make_report(run_dir: str | Path) -> tuple[Path, Path]:
+    from sim.outputs.runfolder import ITERATION_COLUMNS, REQUEST_COLUMNS, read_run_table, read_summary
+
     run_dir = Path(run_dir)
-    req = _read(run_dir, "requests")
-    it = _read(run_dir, "iterations")
-    summary_path = run_dir / "summary.json"
-    if not summary_path.is_file():
-        raise DataError(f"{summary_path}: missing; is {run_dir} the --out folder of 'ppsim run'?")
-    summary = json.loads(summary_path.read_text())
+    summary = read_summary(run_dir)
+    req = read_run_table(run_dir, "requests", REQUEST_COLUMNS)
+    # a run made with --no-iterations has no iterations table: its plots and busy table are skipped
+    it = read_run_table(run_dir, "iterations", ITERATION_COLUMNS, optional=True)
+    no_it = it is None
+    if no_it:
+        it = pd.DataFrame({c: pd.Series(dtype=float) for c in ITERATION_COLUMNS})
     decisions = pd.read_csv(run_dir / "decisions.csv") if (run_dir / "decisions.csv").is_file() else pd.DataFrame()
 
     banner = run_banner(summary)
@@ -95,7 +87,7 @@ def make_report(run_dir: str | Path) -> tuple[Path, Path]:
         fig.suptitle(f"PipeSim run: {run_dir}", fontsize=11)
     fig.tight_layout()
     png = run_dir / "report.png"
-    fig.savefig(png, dpi=100, bbox_inches="tight")
+    save_figure(fig, png, dpi=100, bbox_inches="tight")
     plt.close(fig)
 
     keys = ["status", "num_requests", "num_finished", "slo_attainment", "ttft_attainment", "tpot_attainment",
@@ -120,11 +112,14 @@ def make_report(run_dir: str | Path) -> tuple[Path, Path]:
         lines.append(f"| {m} | " + " | ".join(_fmt(summary.get(f"{s}_{m}_ms")) for s in ("mean", "p50", "p90", "p99")) + " |")
     lines += ["", "## Per-stage busy fraction", "", "| stage | busy |", "|---|---|"]
     lines += [f"| {c[5:-8]} | {_fmt(f)} |" for c, f in zip(busy_cols, busy_frac)]
+    if no_it:
+        lines += ["", "(no iterations table: the run was made with --no-iterations; the summary above "
+                  "still covers every iteration)"]
     lines += ["", "## Requests by status", "", "| status | count |", "|---|---|"]
     lines += [f"| {k} | {v} |" for k, v in req["status"].value_counts().items()]
     lines += ["", "![report](report.png)", ""]
     md = run_dir / "report.md"
-    md.write_text("\n".join(lines))
+    write_text(md, "\n".join(lines))
     return md, png
 
 

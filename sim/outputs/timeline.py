@@ -100,7 +100,9 @@ def gantt(result, window: tuple[float, float], path: Path, replica: int = 0) -> 
     handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in MODE_COLORS.values()]
     ax.legend(handles, list(MODE_COLORS), loc="upper right", fontsize=7, ncol=3)
     ax.set_title(f"pipeline timeline, replica {replica}, {t0:.2f}-{t1:.2f} s")
-    fig.savefig(path, dpi=120, bbox_inches="tight")
+    from sim.core.fsio import save_figure
+
+    save_figure(fig, path, dpi=120, bbox_inches="tight")
     plt.close(fig)
     return path
 
@@ -120,6 +122,8 @@ def write_timeline(result, out_dir: Path, window: tuple[float, float] | None = N
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     trace = out_dir / "timeline.json"
-    trace.write_text(json.dumps(trace_events(result)))
+    from sim.core.fsio import write_text
+
+    write_text(trace, json.dumps(trace_events(result)))
     png = gantt(result, window or default_window(result), out_dir / "timeline.png")
     return [trace, png]

@@ -37,6 +37,9 @@ def _call(label: str, fn, method: str, *args):
         return fn(*args)
     except PluginError:
         raise
+    except SystemExit as exc:  # would end ppsim with the plug-in's exit code and no outputs
+        raise PluginError(f"{label} called sys.exit({exc.code!r}) in {method}(); rule: a policy returns "
+                          f"its decision, it never exits") from None
     except Exception as exc:
         raise PluginError(f"{label} raised {type(exc).__name__} in {method}(): {first_line(exc)}") from exc
 

@@ -194,7 +194,9 @@ def write_report(results: Path, out: Path) -> Path:
     for f in fitted_parameters():
         lines.append(f"| {f['param']} | {f['value']} | {f['status']} | {f['target']} | {f['achieved']} | {f['residual']} |")
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text("\n".join(lines) + "\n")
+    from sim.core.fsio import write_text
+
+    write_text(out, "\n".join(lines) + "\n")
     return out
 
 

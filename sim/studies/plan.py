@@ -596,7 +596,9 @@ def plot_plan(df: pd.DataFrame, mode: str, slo: str, path: Path) -> None:
     ax.set_yticks(y, df["deployment"], fontsize=6)
     ax.invert_yaxis()
     ax.set_title("ppsim plan: every candidate (grey: not simulated, with the reason)")
-    fig.savefig(path, dpi=110, bbox_inches="tight")
+    from sim.core.fsio import save_figure
+
+    save_figure(fig, path, dpi=110, bbox_inches="tight")
     plt.close(fig)
 
 

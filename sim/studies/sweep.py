@@ -46,7 +46,7 @@ from typing import Any, Callable, Iterable
 np = lazy("numpy")  # imported on first use (sim/core/lazy.py)
 sstats = lazy("scipy.stats")  # imported on first use (sim/core/lazy.py)
 
-from sim.core.errors import ConfigError
+from sim.core.errors import ConfigError, PipeSimError
 from sim.outputs.metrics import meets_slo  # noqa: F401  (re-exported: the goodput criterion)
 from sim.core.slo import SLO
 
@@ -58,6 +58,11 @@ GALLOP_RPS = 0.4
 # A search's flags: it still passes at the highest rate it may run; its goodput lies above the
 # sweep's top rate (found by extension or by a gallop).
 NOT_BRACKETED = "not_bracketed (passes at the highest rate)"
+# The arrival window a run spans at least, when neither the search nor its config says (req/s
+# of the artifact's sweep top: 400 Azure requests over 1..10 req/s span 40 s at 10 req/s).
+REFERENCE_RATE_RPS = 10.0
+# Where a search whose config names no GPU peak (a constant latency model) stops extending.
+FALLBACK_MAX_RPS = 1024.0
 EXTENDED = "extended beyond the sweep range"
 
 SUMMARY_FIELDS = (
@@ -75,7 +80,18 @@ PERCENTILE_KEY = re.compile(r"^(late_)?p[0-9.]+_(ttft|tpot|e2e)_ms$")
 
 
 def point_id(table: dict) -> str:
+    """A hash of the config table alone (groups sibling points)."""
     return hashlib.sha1(json.dumps(table, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def point_key(table: dict, inputs: str | None = None) -> str:
+    """A point's cache identity: its table and the contents of every file it reads
+    (`sim.studies.inputs.input_digest`), so an input edited in place is simulated again."""
+    if inputs is None:
+        from sim.studies.inputs import input_digest
+
+        inputs = input_digest(table)
+    return hashlib.sha1((json.dumps(table, sort_keys=True) + inputs).encode()).hexdigest()[:16]
 
 
 def evaluate(table: dict) -> dict:
@@ -176,8 +192,10 @@ def _plain(summary: dict) -> dict:
 class Runner:
     """Runs points with caching, in parallel, with a progress bar.
 
-    The cache is a JSON-lines file, one point per line: `{"id", "table", "summary", "check"}`,
-    `check` being a hash of the other three. It survives faults:
+    The cache is a JSON-lines file, one point per line: `{"id", "table", "inputs", "summary",
+    "check"}`: `id` is the point's key (`point_key`: its table and `inputs`, the digest of the
+    files it reads), `check` a hash of the rest. A line whose inputs changed since is simply
+    another point's. It survives faults:
 
     - a line cut by a kill, or altered on disk, fails to parse or to match its id or check
       and is ignored (that point runs again); appends start on a fresh line;
@@ -204,6 +222,7 @@ class Runner:
         self._pool = None  # the worker processes (`_run_processes`), kept between rounds
         self.num_bad_lines = 0  # cut or corrupt cache lines seen (their points run again)
         self._read_offset = 0
+        self._inputs: dict[str, str] = {}  # point key -> its input digest (`run`)
         self._load()
 
     @staticmethod
@@ -241,15 +260,17 @@ class Runner:
             pid, table, summary = rec["id"], rec["table"], rec["summary"]
         except (ValueError, TypeError, KeyError):
             return None
-        if not isinstance(summary, dict) or not isinstance(table, dict) or pid != point_id(table):
+        inputs = rec.get("inputs")
+        # lines written before the key covered the inputs have none: their inputs are unknown
+        if not isinstance(summary, dict) or not isinstance(table, dict) or not isinstance(inputs, str):
             return None
-        # NOTE: lines written before checks existed carry none; their id still matches the table.
-        if "check" in rec and rec["check"] != self._check(pid, table, summary):
+        if pid != point_key(table, inputs) or rec.get("check") != self._check(pid, table, summary):
             return None
         return rec
 
     def _store(self, pid: str, table: dict, summary: dict) -> None:
-        text = json.dumps({"id": pid, "table": table, "summary": summary,
+        inputs = self._inputs[pid]  # as they were when the round started (`run`)
+        text = json.dumps({"id": pid, "table": table, "inputs": inputs, "summary": summary,
                            "check": self._check(pid, table, summary)}, sort_keys=True)
         self.cache[pid] = json.loads(text)["summary"]  # what a resumed sweep reads back
         if self.cache_path:
@@ -269,11 +290,18 @@ class Runner:
 
     def has(self, table: dict) -> bool:
         """Whether `table`'s summary is cached (as of the last read of the cache file)."""
-        return point_id(table) in self.cache
+        return point_key(table) in self.cache
 
     def run(self, tables: list[dict], desc: str = "points") -> list[dict]:
+        from sim.studies.inputs import input_digest
+
         self._load()
-        ids = [point_id(t) for t in tables]
+        ids = []
+        for t in tables:
+            inputs = input_digest(t)
+            pid = point_key(t, inputs)
+            self._inputs[pid] = inputs
+            ids.append(pid)
         todo: dict[str, dict] = {}
         for pid, t in zip(ids, tables):
             if pid not in self.cache and pid not in todo:
@@ -328,7 +356,8 @@ class Runner:
         # study), and a fresh pool per round would redo each worker's set-up (imports, the
         # per-process caches of profiles and trace data) every round.
         if self._pool is None:
-            self._pool = ProcessPoolExecutor(max_workers=self.jobs)
+            self._pool = ProcessPoolExecutor(max_workers=self.jobs, initializer=_worker_init,
+                                             initargs=(os.getpid(),))
         pool = self._pool
         futures = {}
 
@@ -384,6 +413,26 @@ class Runner:
                     pending.append(submit(t))
 
 
+def _worker_init(parent_pid: int) -> None:
+    """Set up a worker process: it ends with its parent, whatever ends the parent (also
+    SIGKILL, which runs no clean-up: Linux's parent-death signal), and leaves Ctrl-C to the
+    parent, which then shuts the pool down (a worker hit by the terminal's SIGINT would print a
+    traceback of its own)."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        PR_SET_PDEATHSIG = 1
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):  # not Linux: the pool's own pipes end idle workers
+        pass
+    if os.getppid() != parent_pid:  # the parent died before prctl took effect
+        os._exit(1)
+
+
 def _progress(total: int, desc: str, enabled: bool):
     from tqdm import tqdm
 
@@ -430,6 +479,7 @@ class Search:
     # e.g. the goodput another seed found for the same scheme. None: it climbs from the lowest sweep
     # rate (`_climb`). Only the number of runs depends on it when the outcome is monotone in the rate.
     hint_rps: float | None = None
+    _ceiling: float | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         if self.slo is None:
@@ -441,13 +491,32 @@ class Search:
 
     @property
     def window_s(self) -> float:
-        """The shortest arrival window a run of this search may span: by default the artifact's own
-        window at the top of its sweep (its requests over its highest rate), so rates inside the
-        sweep run exactly the artifact's requests and rates beyond it run proportionally more."""
+        """The shortest arrival window a run of this search may span, so that a high rate is held
+        long enough to tell a sustained load from an absorbed burst: `min_window_s` when given
+        (the experiments give the artifact's own window at the top of its sweep), else the config's
+        own window (its requests at its workload's `rate_rps`, or at `REFERENCE_RATE_RPS`). It
+        depends on the search's config only, never on which rates the sweep runs: a point's
+        result is the same whatever other points a sweep holds."""
         if self.min_window_s is not None:
             return self.min_window_s
-        n = self.table.get("workload", {}).get("num_requests")
-        return n / max(self.rates) if isinstance(n, int) and n > 0 and self.rates else 0.0
+        wl = self.table.get("workload", {})
+        n, rate = wl.get("num_requests"), wl.get("rate_rps")
+        if not (isinstance(n, int) and n > 0):
+            return 0.0
+        ok = isinstance(rate, (int, float)) and not isinstance(rate, bool) and 0 < rate < math.inf
+        return n / (rate if ok else REFERENCE_RATE_RPS)
+
+    @property
+    def ceiling_rps(self) -> float:
+        """The physical ceiling of this search's rate (`sim.studies.inputs.ceiling_rps`)."""
+        if self._ceiling is None:
+            from sim.studies.inputs import ceiling_rps
+
+            try:
+                self._ceiling = ceiling_rps(self.table)
+            except PipeSimError:
+                self._ceiling = math.inf  # (fake tables in tests; a real one fails when it runs)
+        return self._ceiling
 
     def at(self, rate: float, cached: Callable[[dict], bool] | None = None) -> dict:
         t = with_rate(self.table, rate, self.window_s)
@@ -458,11 +527,14 @@ class Search:
 
 
 def goodput_searches(runner: Runner, searches: list[Search], tol: float = 0.05, desc: str = "goodput",
-                     max_rate: float = 64.0, full_sweep: bool = True, step: int = 2,
+                     max_rate: float = math.inf, full_sweep: bool = True, step: int = 2,
                      gallop_rps: float | None = GALLOP_RPS) -> list[dict]:
     """Run several goodput searches together: the integer-rate sweep, then (for searches that
-    still pass at their highest rate) extension rounds at 1.5x the highest rate up to
-    `max_rate`, then bisection rounds (one midpoint per unfinished search per round).
+    still pass at their highest rate) extension rounds at 1.5x the highest rate until a rate
+    fails, up to each search's physical ceiling (`Search.ceiling_rps`: the rate whose prompt
+    tokens alone need the deployment's whole BF16 peak) and `max_rate`, then bisection rounds
+    (one midpoint per unfinished search per round). A search that passes at its ceiling is
+    flagged `not_bracketed`.
 
     A full sweep (`full_sweep=True`, or a search's own `full_sweep`) runs every rate of the
     sweep in the first parallel batch (the artifact's sweep, for per-rate figures). Otherwise a
@@ -473,6 +545,8 @@ def goodput_searches(runner: Runner, searches: list[Search], tol: float = 0.05, 
     the sweep rate at or below their hint, with `gallop_rps=None`). Either gives the full
     sweep's goodput when the outcome is monotone in the rate, with far fewer runs (non-monotone
     outcomes outside the rates run go unseen). All kinds share the batches."""
+    limit = {id(s): min(max_rate, s.ceiling_rps) if math.isfinite(s.ceiling_rps) else
+             (max_rate if math.isfinite(max_rate) else FALLBACK_MAX_RPS) for s in searches}
     first = {id(s): (full_sweep if s.full_sweep is None else s.full_sweep) for s in searches}
     gallops = {id(s) for s in searches if not first[id(s)] and s.hint_rps is not None and gallop_rps is not None}
     while True:
@@ -481,7 +555,7 @@ def goodput_searches(runner: Runner, searches: list[Search], tol: float = 0.05, 
             if first[id(s)]:
                 rates = sorted(s.rates)
             elif id(s) in gallops:
-                rates = _gallop(s, gallop_rps, tol, max_rate)
+                rates = _gallop(s, gallop_rps, tol, limit[id(s)])
             else:
                 rates = _climb(s, step)
             jobs += [(s, r) for r in rates]
@@ -499,10 +573,10 @@ def goodput_searches(runner: Runner, searches: list[Search], tol: float = 0.05, 
             _bracket(s)
     while True:
         # NOTE: beyond the sweep's range, so that a goodput above it is found, not capped.
-        open_ = [s for s in searches if not math.isfinite(s.hi) and max(s.results) < max_rate]
+        open_ = [s for s in searches if not math.isfinite(s.hi) and max(s.results) < limit[id(s)] - 1e-9]
         if not open_:
             break
-        nxt = [min(max_rate, float(max(math.ceil(max(s.results) * 1.5), max(s.results) + 1))) for s in open_]
+        nxt = [min(limit[id(s)], float(max(math.ceil(max(s.results) * 1.5), max(s.results) + 1))) for s in open_]
         _probe(runner, list(zip(open_, nxt)), f"{desc}: extend", fail_flag=EXTENDED)
     # A search failing at its lowest rate most often has no goodput at all, which bisection
     # learns only after its every probe failed. Its last probe (the lowest) goes first: if that

@@ -38,6 +38,7 @@ np = lazy("numpy")  # imported on first use (sim/core/lazy.py)
 pd = lazy("pandas")  # imported on first use (sim/core/lazy.py)
 
 from sim.outputs.bench_metrics import bench_metrics
+from sim.core.checks import number
 from sim.core.errors import ConfigError, DataError
 from sim.workloads.trace import json_lines
 
@@ -52,11 +53,14 @@ def _num_list(path: Path, line: int, rec: dict, key: str, *, nested: bool = Fals
     vals = rec.get(key)
     if vals is None:
         return None
+    def num(x) -> bool:  # a finite number >= 0: a latency or a length (NaN, inf, negatives refused)
+        return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x >= 0
+
     ok = isinstance(vals, list) and all(
-        (isinstance(v, list) and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in v))
-        if nested else (isinstance(v, (int, float)) and not isinstance(v, bool)) for v in vals)
+        (isinstance(v, list) and all(num(x) for x in v)) if nested else num(v) for v in vals)
     if not ok:
-        what = "a list of lists of numbers (one list of per-token gaps per request)" if nested else "a list of numbers"
+        what = ("a list of lists of finite numbers >= 0 (one list of per-token gaps per request)" if nested
+                else "a list of finite numbers >= 0")
         raise DataError(f"{path}: line {line}: field {key!r} must be {what}")
     return vals
 
@@ -85,11 +89,13 @@ def parse_result(path: Path, line: int, rec: Any, scale: float) -> dict:
             for alias in AGG_ALIASES.get(key, (key,)):
                 v = rec.get(f"{word}_{alias}_ms")
                 if isinstance(v, (int, float)) and not isinstance(v, bool):
-                    out["aggregates"][(name, stat)] = float(v)
+                    out["aggregates"][(name, stat)] = float(number(v, f"{path}: line {line}", f"field "
+                                                                   f"'{word}_{alias}_ms'", 0, None, error=DataError))
                     break
     for key in THROUGHPUTS:
-        if isinstance(rec.get(key), (int, float)):
-            out["aggregates"][(key, "value")] = float(rec[key])
+        if isinstance(rec.get(key), (int, float)) and not isinstance(rec.get(key), bool):
+            out["aggregates"][(key, "value")] = float(number(rec[key], f"{path}: line {line}", f"field {key!r}", 0,
+                                                             None, error=DataError))
     ttfts = _num_list(path, line, rec, "ttfts")
     ins, outs = _num_list(path, line, rec, "input_lens"), _num_list(path, line, rec, "output_lens")
     itls = _num_list(path, line, rec, "itls", nested=True)
@@ -115,6 +121,12 @@ def parse_result(path: Path, line: int, rec: Any, scale: float) -> dict:
             if ok[i] and not (float(a).is_integer() and a > 0 and float(b).is_integer()):
                 raise DataError(f"{path}: line {line}: field 'input_lens'/'output_lens' item {i}: "
                                 f"token counts must be positive integers, got {a!r}/{b!r}")
+        for i, (g, o) in enumerate(zip(itls, outs)):
+            # one gap per token after the first; a streaming engine may batch tokens into fewer
+            # chunks (vLLM's multi-step scheduling), never more
+            if ok[i] and len(g) > max(int(o) - 1, 0):
+                raise DataError(f"{path}: line {line}: field 'itls' item {i}: {len(g)} gaps for {int(o)} output "
+                                f"tokens; allowed: at most output_lens - 1 = {max(int(o) - 1, 0)}")
         if not ok.any():
             raise DataError(f"{path}: line {line}: no successful request (every one has an error or 0 output tokens)")
         ttft = np.asarray(ttfts, dtype=float)[ok] * scale
@@ -146,7 +158,9 @@ def read_bench_log(path: str | Path, units: str = "s") -> list[dict]:
     scale = {"s": 1e3, "ms": 1.0}.get(units)
     if scale is None:
         raise ConfigError(f"--units must be one of: s, ms; got {units!r}")
-    text = path.read_text()
+    from sim.core.textio import read_text
+
+    text = read_text(path)  # compression sniffed, UTF-8 checked
     try:
         whole = json.loads(text)  # vLLM: one JSON object (possibly pretty-printed over many lines)
     except json.JSONDecodeError:
