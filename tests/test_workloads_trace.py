@@ -127,7 +127,7 @@ BAD_CSVS = {
     # name: (csv text, extra params, exception, substrings expected in the message)
     "zero prompt": (GOOD + "2023-11-16 18:15:51.0,0,5\n", {}, DataError, ["line 4", "'ContextTokens'", "'0'"]),
     "negative output": (GOOD + "2023-11-16 18:15:51.0,5,-3\n", {}, DataError, ["line 4", "GeneratedTokens"]),
-    "fractional length": (GOOD + "2023-11-16 18:15:51.0,5.5,3\n", {}, DataError, ["line 4", "positive integer"]),
+    "fractional length": (GOOD + "2023-11-16 18:15:51.0,5.5,3\n", {}, DataError, ["line 4", "must be an integer in [1, "]),
     "text length": (GOOD + "2023-11-16 18:15:51.0,abc,3\n", {}, DataError, ["line 4", "'abc'"]),
     "blank length": (GOOD + "2023-11-16 18:15:51.0,,3\n", {}, DataError, ["line 4"]),
     "missing column": ("TIMESTAMP,ContextTokens\n2023-11-16 18:15:46,374\n", {}, DataError,

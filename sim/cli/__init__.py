@@ -125,8 +125,10 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if sys.stdout is guard:
             sys.stdout = guard.inner
-        if main_thread and sigint is not None:
-            signal.signal(signal.SIGINT, sigint)  # (a test calling main in-process keeps its handler)
+        if main_thread and sigint is not None and signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
+            # (a test calling main in-process keeps its handler; after a Ctrl-C, SIGINT stays
+            # ignored while the process ends, so that a second one cannot interrupt the clean-up)
+            signal.signal(signal.SIGINT, sigint)
 
 
 def _dispatch(parser, args, guard: PipeGuard) -> int:

@@ -279,13 +279,19 @@ def attribute_to_override(message: str, overrides: list[str]) -> str:
         key, raw = text.split("=", 1)
         leaf = key.strip().split(".")[-1]
         value = raw.strip().strip('"\'')
-        if leaf and re.search(rf"(?<![\w-]){re.escape(leaf)}(?![\w-])", message):
-            hits.append((0, text))
-        elif value and re.search(rf"(?<![\w.-]){re.escape(value)}(?![\w.-])", message):
-            hits.append((1, text))
+        # NOTE: the earliest mention wins among equals: a message names the field at fault
+        # before any list of allowed ones
+        m = re.search(rf"(?<![\w-]){re.escape(leaf)}(?![\w-])", message) if leaf else None
+        v = re.search(rf"(?<![\w.-]){re.escape(value)}(?![\w.-])", message) if value else None
+        if m:
+            hits.append((0, m.start(), text))
+        elif v:
+            hits.append((1, v.start(), text))
+        elif "." in key.strip() and key.strip().rsplit(".", 1)[0] in message:  # the section it set, e.g. [slo]
+            hits.append((2, message.index(key.strip().rsplit(".", 1)[0]), text))
     if not hits or message.startswith("--set "):
         return message
-    text = min(hits, key=lambda h: h[0])[1]
+    text = min(hits, key=lambda h: (h[0], h[1]))[2]
     head, sep, rest = message.partition(": ")
     # NOTE: drop the file the value landed in (a path or "config [section]"), keep the rest.
     if sep and (" " not in head or re.fullmatch(r"config( \[[\w.]+\])?", head)):

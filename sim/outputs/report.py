@@ -31,7 +31,8 @@ def make_report(run_dir: str | Path) -> tuple[Path, Path]:
     no_it = it is None
     if no_it:
         it = pd.DataFrame({c: pd.Series(dtype=float) for c in ITERATION_COLUMNS})
-    decisions = pd.read_csv(run_dir / "decisions.csv") if (run_dir / "decisions.csv").is_file() else pd.DataFrame()
+    decisions = read_run_table(run_dir, "decisions", ("time_s", "slot", "old_chunk", "new_chunk"), optional=True)
+    decisions = pd.DataFrame() if decisions is None else decisions
 
     banner = run_banner(summary)
     fig, axes = plt.subplots(2, 3, figsize=(16, 8.5))

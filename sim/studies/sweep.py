@@ -374,11 +374,32 @@ class Runner:
                 for fut in done:
                     for t in self._finish(futures.pop(fut), todo, fut.result(), bar):
                         pending.add(submit(t))
-        except BaseException:
+        except BaseException as exc:
             for fut in pending:
                 fut.cancel()
-            self.close()  # a failed or interrupted round leaves no workers behind (nor a broken pool)
+            # a failed or interrupted round leaves no workers behind (nor a broken pool); on Ctrl-C
+            # the workers are stopped at once rather than waited for
+            self.abort() if isinstance(exc, KeyboardInterrupt) else self.close()
             raise
+
+    def abort(self) -> None:
+        """Stop the worker processes now, their simulations unfinished (on Ctrl-C). A second
+        Ctrl-C from here on is ignored: the first one is being handled (the process is ending)."""
+        import signal
+        import threading
+
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        if self._pool is not None:
+            pool, self._pool = self._pool, None
+            procs = list((getattr(pool, "_processes", None) or {}).values())
+            pool.shutdown(wait=False, cancel_futures=True)
+            # NOTE: the executor's manager thread sees its killed workers as a broken pool and
+            # tries to fail futures already cancelled (InvalidStateError in Python 3.11): a
+            # report of the abort itself, not news, so it is not printed.
+            hook = threading.excepthook
+            threading.excepthook = lambda args: None if args.exc_type.__name__ == "InvalidStateError" else hook(args)
+            for proc in procs:
+                proc.terminate()
 
     def close(self) -> None:
         """Shut the worker processes down (the next `run` starts new ones)."""

@@ -40,7 +40,7 @@ def load_workload_file(name: str) -> dict[str, Any]:
     path = Path(name) if name.endswith(".toml") else workload_path(name)
     if not path.is_file():
         raise ConfigError(
-            f"workload {name!r} not found in {WORKLOADS_DIR}; allowed: {', '.join(available_workloads())}, "
+            f"field 'name': workload {name!r} not found in {WORKLOADS_DIR}; allowed: {', '.join(available_workloads())}, "
             "a workload .toml file, or (for `workload stats/plot` and `run --trace`) the path of a trace file"
         )
     table = read_toml(path, ConfigError)

@@ -42,6 +42,11 @@ class WorkloadBuilder(Protocol):
     def __call__(self, params: Mapping[str, Any], *, seed: int, where: str) -> list[RequestSpec]: ...
 
 
+# The longest prompt or output a request may carry (tokens): far beyond any model's context (a
+# prompt longer than the run's context is truncated and said so), small enough for the engine's
+# 32-bit token columns. A trace row beyond it is refused as a data error.
+MAX_REQUEST_TOKENS = 2**31 - 1
+
 workload_kinds: Registry[Callable[..., list[RequestSpec]]] = Registry("workload kind")
 
 REPO_ROOT = Path(__file__).resolve().parents[2]

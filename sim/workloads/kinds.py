@@ -17,7 +17,7 @@ np = lazy("numpy")  # imported on first use (sim/core/lazy.py)
 
 from sim.core.errors import ConfigError
 from sim.core.rng import stream
-from sim.workloads.base import make_requests, poisson_arrivals, require, workload_kinds
+from sim.workloads.base import MAX_REQUEST_TOKENS, make_requests, poisson_arrivals, require, workload_kinds
 from sim.workloads.lengths import sample_lengths
 
 # Importing the modules registers the `trace` kind (it lives in its own module for its size)
@@ -65,9 +65,9 @@ def build_uniform(params: Mapping[str, Any], *, seed: int, where: str):
             not isinstance(rng_, list)
             or len(rng_) != 2
             or not all(isinstance(v, int) and not isinstance(v, bool) for v in rng_)
-            or not 0 < rng_[0] <= rng_[1]
+            or not 0 < rng_[0] <= rng_[1] <= MAX_REQUEST_TOKENS
         ):
-            raise ConfigError(f"{where}: field {key!r} must be [lo, hi] with 0 < lo <= hi, got {rng_!r}")
+            raise ConfigError(f"{where}: field {key!r} must be [lo, hi] with 0 < lo <= hi <= {MAX_REQUEST_TOKENS}, got {rng_!r}")
         ranges[key] = rng_
     lengths_rng = stream(seed, "lengths")
     prompts = lengths_rng.integers(ranges["input_range"][0], ranges["input_range"][1] + 1, size=num)

@@ -24,6 +24,7 @@ from typing import Any, Mapping
 np = lazy("numpy")  # imported on first use (sim/core/lazy.py)
 
 from sim.core.errors import ConfigError, DataError
+from sim.workloads.base import MAX_REQUEST_TOKENS
 
 DATA_DIR = Path(__file__).resolve().parents[1] / "data"
 SOURCES = ("pairs", "quantile-table", "sharegpt", "lognormal")
@@ -48,8 +49,8 @@ def lengths_from_pairs(params: Mapping[str, Any], where: str) -> tuple[np.ndarra
         raise ConfigError(f"{where}: prompt_tokens and output_tokens differ in length")
     for key, vals in (("prompt_tokens", prompts), ("output_tokens", outputs)):
         for v in vals:
-            if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
-                raise ConfigError(f"{where}: field {key!r} must hold positive integers, got {v!r}")
+            if isinstance(v, bool) or not isinstance(v, int) or not 0 < v <= MAX_REQUEST_TOKENS:
+                raise ConfigError(f"{where}: field {key!r} must hold integers in [1, {MAX_REQUEST_TOKENS}], got {v!r}")
     return np.asarray(prompts, dtype=np.int64), np.asarray(outputs, dtype=np.int64)
 
 

@@ -43,6 +43,7 @@ pd = lazy("pandas")
 from sim.core.errors import ConfigError, DataError
 from sim.core.textio import read_text
 from sim.workloads.trace import DEFAULT_COLUMNS, Trace, json_lines, read_csv_strings, trace_formats
+from sim.workloads.base import MAX_REQUEST_TOKENS
 
 BURSTGPT_COLUMNS = ("Timestamp", "Request tokens", "Response tokens")
 MOONCAKE_FIELDS = ("timestamp", "input_length", "output_length")
@@ -66,8 +67,9 @@ def _version(path: Path) -> tuple[str, int, int]:
 
 
 def _positive_int(value: Any) -> bool:
-    return (isinstance(value, int) and not isinstance(value, bool) and value > 0) or (
-        isinstance(value, float) and value.is_integer() and value > 0)
+    """A token count: an integer in [1, MAX_REQUEST_TOKENS] (a float like 12.0 counts)."""
+    return ((isinstance(value, int) and not isinstance(value, bool)) or (isinstance(value, float) and value.is_integer())) \
+        and 0 < value <= MAX_REQUEST_TOKENS
 
 
 def _readonly(trace: Trace) -> Trace:
@@ -99,7 +101,7 @@ def _read_mooncake(path: str, _mtime: int, _size: int, unit: str) -> Trace:
                             f"got {ts!r}")
         for key in ("input_length", "output_length"):
             if not _positive_int(rec[key]):
-                raise DataError(f"{p}: line {lineno}: field {key!r} must be a positive integer, got {rec[key]!r}")
+                raise DataError(f"{p}: line {lineno}: field {key!r} must be an integer in [1, {MAX_REQUEST_TOKENS}], got {rec[key]!r}")
         ids = rec.get("hash_ids")
         if ids is not None:
             if not isinstance(ids, list) or not all(isinstance(h, int) and not isinstance(h, bool) for h in ids):
@@ -158,7 +160,7 @@ def _read_burstgpt(path: str, _mtime: int, _size: int, filters: tuple, drop_fail
         v = pd.to_numeric(df[col].str.strip(), errors="coerce").to_numpy(dtype=float)
         bad = ~np.isfinite(v) | (v < 0)
         if col != "Timestamp":
-            bad |= v != np.round(v)
+            bad |= (v != np.round(v)) | (v > MAX_REQUEST_TOKENS)
         if bad.any():
             what = "must be a number of seconds >= 0" if col == "Timestamp" else "must be an integer >= 0"
             raise _burst_error(p, df, bad, col, what)
@@ -219,7 +221,7 @@ def _read_sharegpt(path: str, _mtime: int, _size: int, chars_per_token: float) -
         if given is not None:
             for key in given:
                 if not _positive_int(item.get(key)):
-                    raise DataError(f"{p}: item {i}: field {key!r} must be a positive integer, got {item.get(key)!r}")
+                    raise DataError(f"{p}: item {i}: field {key!r} must be an integer in [1, {MAX_REQUEST_TOKENS}], got {item.get(key)!r}")
             prompts.append(int(item[given[0]]))
             outputs.append(int(item[given[1]]))
             continue

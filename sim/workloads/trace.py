@@ -40,7 +40,7 @@ from sim.core.errors import ConfigError, DataError
 from sim.core.registry import Registry
 from sim.core.rng import stream
 from sim.core.textio import read_text
-from sim.workloads.base import make_requests, poisson_arrivals, require, workload_kinds
+from sim.workloads.base import MAX_REQUEST_TOKENS, make_requests, poisson_arrivals, require, workload_kinds
 from sim.workloads.fetch import cache_dir, download_for_file
 
 DEFAULT_COLUMNS = {"arrival": "TIMESTAMP", "prompt": "ContextTokens", "output": "GeneratedTokens"}
@@ -93,9 +93,9 @@ def _bad_line(path: Path, mask: np.ndarray, col: str, raw: pd.Series, problem: s
 def _lengths(path: Path, df: pd.DataFrame, col: str) -> np.ndarray:
     raw = df[col]
     num = pd.to_numeric(raw.str.strip(), errors="coerce").to_numpy(dtype=float)
-    bad = ~np.isfinite(num) | (num != np.round(num)) | (num <= 0)
+    bad = ~np.isfinite(num) | (num != np.round(num)) | (num <= 0) | (num > MAX_REQUEST_TOKENS)
     if bad.any():
-        raise _bad_line(path, bad, col, raw, "token length must be a positive integer")
+        raise _bad_line(path, bad, col, raw, f"token length must be an integer in [1, {MAX_REQUEST_TOKENS}]")
     return num.astype(np.int64)
 
 
