@@ -16,6 +16,11 @@ What it builds (format: profiles/FORMAT.md; method: reference/latency-profiles.m
 
 for <model> in qwen2.5-32b, qwen2.5-14b and T in 1, 2, 4.
 
+Every meta.toml also gets the physics of profiles/FORMAT.md: ``[model] context_length_tokens`` (from
+profiles/models/<model>.toml), ``[roofline]`` (the simulated GPU's and the A100 80GB's peaks from
+profiles/gpus/, the link bandwidth from profiles/interconnects/) and ``[measured]`` (the token grid, the ranges
+of the attention points behind the coefficients, the comm.csv sizes).
+
 Fitted values: when ``profiles/fits.toml`` exists (written by ``profiles/calibrate.py``), its lookup mode,
 s_mem, s_comp and cpu_ms and its [[fit]] records (target, achieved, residual, seeds, simulator commit,
 method) go into every a100-pcie-40gb meta.toml (the 14B profiles inherit the 32B fit); parameters it does
@@ -67,6 +72,23 @@ MODELS = {
     "qwen2.5-14b": dict(name="Qwen2.5-14B", num_layers=48, hidden_size=5120, num_q_heads=40, num_kv_heads=8,
                         head_dim=128, vocab_size=152064, ffn=13824, layer_params=275.3e6),
 }
+# [model] context_length_tokens: max_position_embeddings of each model's config.json, read from
+# profiles/models/<model>.toml (which cites it), so the two kinds of profile agree.
+
+# [roofline] (profiles/FORMAT.md): the GPU each hardware folder simulates and its interconnect, by their spec
+# files in profiles/gpus/ and profiles/interconnects/; the tables are Vidur's A100 80GB data, whose spec is
+# profiles/gpus/a100-sxm-80gb.toml (the GPU their points must be physical on).
+ROOFLINE = {"a100-pcie-40gb": ("a100-pcie-40gb", "pcie-p2p-disabled"),
+            "a100-sxm-80gb-nvswitch": ("a100-sxm-80gb", "nvswitch")}
+BASE_GPU = "a100-sxm-80gb"
+KERNEL_FAMILY = "a100"
+# The points behind the attention coefficients (research-derived/attention_model_coefficients.csv was fitted
+# to them): their ranges are each profile's [measured] attention ranges.
+ATTENTION_POINTS_CSV = "vidur-profiles-llama3-8b-attention-excerpt/llama3-8b_a100_attention_points_transcribed.csv"
+BEYOND = ("past each range the model follows the hardware: layer_nonattn linear in tokens at the least-squares "
+          "rate of the top half of the grid (never negative), attention at the fitted FLOP (prefill) and KV-byte "
+          "(decode) rates, communication linear in bytes; every part at least its roofline floor ([roofline], "
+          "profiles/FORMAT.md)")
 
 FITS_TOML = DEFAULT_OUT / "fits.toml"   # written by profiles/calibrate.py; applied to every PCIE profile
 
@@ -452,8 +474,65 @@ def toml_num(x: float | int) -> str:
     return repr(float(x)) if isinstance(x, float) else str(int(x))
 
 
+def context_length(model: str) -> int:
+    """[model] context_length_tokens of profiles/models/<model>.toml (cited there)."""
+    return int(tomllib.loads((DEFAULT_OUT / "models" / f"{model}.toml").read_text())["model"]["context_length_tokens"])
+
+
+def roofline_lines(hardware: str) -> list[str]:
+    """The [roofline] section of a hardware folder, from the GPU and interconnect spec files."""
+    gpu_name, ic_name = ROOFLINE[hardware]
+    gpu = tomllib.loads((DEFAULT_OUT / "gpus" / f"{gpu_name}.toml").read_text())["gpu"]
+    base = tomllib.loads((DEFAULT_OUT / "gpus" / f"{BASE_GPU}.toml").read_text())["gpu"]
+    link = tomllib.loads((DEFAULT_OUT / "interconnects" / f"{ic_name}.toml").read_text())["link"]
+    return [
+        "",
+        "[roofline]                           # physical bounds: the run-time floor and ppsim profile check",
+        f"gpu_spec = {toml_str(gpu_name)}",
+        f"bf16_tflops = {toml_num(float(gpu['bf16_tflops']))}",
+        f"hbm_bw_gbps = {toml_num(float(gpu['hbm_bw_gbps']))}",
+        f"interconnect = {toml_str(ic_name)}",
+        f"link_bw_gbps = {toml_num(float(link['bw_gbps'][KERNEL_FAMILY]))}",
+        f"base_gpu_spec = {toml_str(BASE_GPU)}",
+        f"base_bf16_tflops = {toml_num(float(base['bf16_tflops']))}",
+        f"base_hbm_bw_gbps = {toml_num(float(base['hbm_bw_gbps']))}",
+        "source = " + toml_str(f"profiles/gpus/{gpu_name}.toml ({gpu['source']}); link: profiles/interconnects/"
+                               f"{ic_name}.toml [link] ({link['source']}); tables measured on profiles/gpus/"
+                               f"{BASE_GPU}.toml"),
+    ]
+
+
+def measured_ranges(data: Path) -> dict[int, dict[str, list[int]]]:
+    """Per TP degree, the ranges of the attention points behind the coefficients (TP1: the 8-KV-head decode
+    points, TP4: the 2-KV-head ones, TP2: both, interpolated between them; prefill: every prefill point)."""
+    pts = pd.read_csv(data / ATTENTION_POINTS_CSV)
+    pre, dec = pts[pts["kind"] == "prefill"], pts[pts["kind"] == "decode"]
+    ctx = pre["prefill_chunk_size"] + pre["kv_cache_size"]
+    out = {}
+    for tp, sel in ((1, dec["tp"] == 1), (2, dec["tp"].isin([1, 4])), (4, dec["tp"] == 4)):
+        d = dec[sel]
+        out[tp] = {"prefill_chunk": [int(pre["prefill_chunk_size"].min()), int(pre["prefill_chunk_size"].max())],
+                   "prefill_context": [int(ctx.min()), int(ctx.max())],
+                   "decode_batch": [int(d["batch_size"].min()), int(d["batch_size"].max())],
+                   "decode_context": [int(d["kv_cache_size"].min()), int(d["kv_cache_size"].max())]}
+    return out
+
+
+def measured_lines(ranges: dict, comm_bytes: list[int] | None) -> list[str]:
+    lines = ["", "[measured]                           # what the tables and fits cover; beyond: profiles/FORMAT.md",
+             f"tokens = [1, {MAX_TOKENS}]"]
+    lines += [f"{k} = [{v[0]}, {v[1]}]" for k, v in ranges.items()]
+    if comm_bytes:
+        lines.append(f"comm_bytes = [{comm_bytes[0]}, {comm_bytes[1]}]")
+    src = (f"tokens: the research-derived layer grid; attention: the points of data/{ATTENTION_POINTS_CSV} behind "
+           f"data/{ATTENTION_CSV}" + ("; comm_bytes: comm.csv" if comm_bytes else ""))
+    lines += [f"source = {toml_str(src)}", f"beyond = {toml_str(BEYOND)}"]
+    return lines
+
+
 def render_meta(hardware: str, model: str, tp: int, sources: list[str], derivation: dict,
-                comm: dict, fits: dict | None = None) -> str:
+                comm: dict, fits: dict | None = None, measured: dict | None = None,
+                comm_bytes: list[int] | None = None) -> str:
     hw, m = HARDWARE[hardware], MODELS[model]
     nvswitch = hardware == NVSWITCH
     fits = None if nvswitch else fits
@@ -484,6 +563,7 @@ def render_meta(hardware: str, model: str, tp: int, sources: list[str], derivati
         f"layer_params = {m['layer_params'] / 1e6:g}e6          # from shapes: {shape_layer_params(m)}",
         f"embedding_params = {embedding_params(m)}    # vocab x hidden; the untied LM head has the same size",
         f"dtype_bytes = {DTYPE_BYTES}",
+        f"context_length_tokens = {context_length(model)}     # max_position_embeddings (profiles/models/{model}.toml)",
         "",
         "[lookup]",
         f"mode = {toml_str(mode)}",
@@ -542,6 +622,11 @@ def render_meta(hardware: str, model: str, tp: int, sources: list[str], derivati
         "[memory]",
         f"gpu_mem_gib = {toml_num(hw['gpu_mem_gib'])}",
         f"m_init_gib = {toml_num(hw['m_init_gib'])}",
+    ]
+    out += roofline_lines(hardware)
+    if measured is not None:
+        out += measured_lines(measured, comm_bytes)
+    out += [
         "",
         "[derivation]                         # how the tables were made (not read by the simulator)",
     ]
@@ -602,6 +687,8 @@ def build(data: Path, fits_path: Path | None = FITS_TOML) -> dict[str, str]:
     coef = load_attention(data)
     comm_df = load_comm(data)
     comm_csv = render_comm_csv(comm_df)
+    measured = measured_ranges(data)
+    comm_bytes = [int(comm_df["bytes"].min()), int(comm_df["bytes"].max())]
     p2p = dict(fit_alpha_beta(comm_df, "send_recv", 2), op="send_recv", n=2, unused=False)
     check_text = ", ".join(f"{m.split('-')[1].upper()} TP{t} {d:.4f} ms" for (m, t), d in sorted(check.items()))
 
@@ -645,7 +732,8 @@ def build(data: Path, fits_path: Path | None = FITS_TOML) -> dict[str, str]:
                 d = f"{hardware}/{model}/tp{tp}"
                 files[f"{d}/layer_nonattn.csv"] = render_layer_csv(layers[(model, tp)])
                 files[f"{d}/attention.csv"] = render_attention_csv(prefill, decode)
-                files[f"{d}/meta.toml"] = render_meta(hardware, model, tp, srcs, derivation_hw, comm, fits)
+                files[f"{d}/meta.toml"] = render_meta(hardware, model, tp, srcs, derivation_hw, comm, fits,
+                                                      measured[tp], comm_bytes if hardware == NVSWITCH else None)
                 if hardware == NVSWITCH:
                     files[f"{d}/comm.csv"] = comm_csv
     for path, text in files.items():

@@ -168,6 +168,13 @@ def attention_a100(data: Path) -> tuple[dict, dict, dict, list[str]]:
     pre_df = pre_df[pre_df["ms"] > 0]
     dec_df = dec_df[dec_df["ms"] > 0]
     p, dd, q = fit_attention_points(pre_df, dec_df)
+    # the ranges the fit saw (a profile's [measured]; beyond them the fitted FLOP and byte rates hold)
+    measured = {"prefill_chunk": [int(pre_df["chunk"].min()), int(pre_df["chunk"].max())],
+                "prefill_context": [int((pre_df["chunk"] + pre_df["prefix"]).min()),
+                                    int((pre_df["chunk"] + pre_df["prefix"]).max())],
+                "decode_batch": [int(dec_df["batch"].min()), int(dec_df["batch"].max())],
+                "decode_context": [int(dec_df["context"].min()), int(dec_df["context"].max())]}
+    q = dict(q, measured=measured)
     return p, dd, q, ["data/" + LLAMA2_ATTN, "data/" + LLAMA3_ATTN]
 
 
@@ -225,9 +232,11 @@ def build_family(data: Path, family: str, a100_ref: dict | None):
                                    "sources": f"time_stats.{'input_layernorm+post_attention_layernorm' if op == 'rmsnorm' else VIDUR_OP[op]}.median of every mlp.csv above, every TP degree"}
     if family == "a100":
         pre, dec, q, att_src = attention_a100(data)
+        measured = q.pop("measured")
         meta["attention"] = {"status": "fitted", "sources": att_src,
                              "prefill": {k: float(f"{v:.5g}") for k, v in pre.items()},
                              "decode": {k: float(f"{v:.5g}") for k, v in dec.items()},
+                             "measured": measured,
                              "quality": {c: {k: (round(v, 4) if isinstance(v, float) else v) for k, v in qq.items()}
                                          for c, qq in q.items()},
                              "method": "non-negative least squares in relative error; prefill b-terms per 32 x 128 "
@@ -243,6 +252,7 @@ def build_family(data: Path, family: str, a100_ref: dict | None):
             "compute_ratio": round(comp, 4), "memory_ratio": round(mem, 4),
             "prefill": {k: float(f"{v * (mem if k == 'a_ms' else comp):.5g}") for k, v in att["prefill"].items()},
             "decode": {k: float(f"{v * mem:.5g}") for k, v in att["decode"].items()},
+            "measured": att["measured"],
             "method": (f"no attention data for {family}: the a100 fit x measured {family}/a100 time ratios, median over "
                        f"the {len(common)} GEMM shapes measured on both: prefill x {comp:.3f} (at "
                        f"{int(grid[-1])} tokens, compute bound; its floor a_ms x {mem:.3f}), decode x {mem:.3f} (at 1 token, "

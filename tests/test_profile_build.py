@@ -19,7 +19,7 @@ from sim.profiling.specs import (gpu_names, interconnect_names, load_gpu, load_i
 
 HF = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_act": "silu", "hidden_size": 2048,
       "intermediate_size": 8192, "num_hidden_layers": 16, "num_attention_heads": 32, "num_key_value_heads": 8,
-      "vocab_size": 32000, "tie_word_embeddings": False, "torch_dtype": "bfloat16"}
+      "vocab_size": 32000, "tie_word_embeddings": False, "torch_dtype": "bfloat16", "max_position_embeddings": 8192}
 
 
 def hf_config(tmp_path, name="my-model", **changes) -> str:

@@ -1,4 +1,4 @@
-"""The `profile` command group: show, plot, build, import-vidur, collect.
+"""The `profile` command group: show, check, plot, build, import-vidur, collect.
 
 `add_commands(subparsers)` plugs the group into the main `ppsim` parser; each handler
 raises `PipeSimError` for bad input (the main CLI prints it as one line and exits 2).
@@ -19,6 +19,7 @@ PROFILE = "profiles/a100-pcie-40gb/qwen2.5-32b/tp1"
 EPILOG_GROUP = f"""examples:
   ppsim profile build --model llama-3.1-8b --gpu h100-sxm-80gb --tp 2 --out /tmp/l8
   ppsim profile show {PROFILE} --pp 4
+  ppsim profile check {PROFILE}
   ppsim profile plot {PROFILE} --out plots/
   ppsim profile import-vidur vidur/compute/a100/internlm/internlm-20b --model internlm.toml --out profiles/x
   ppsim profile collect --model qwen.toml --out profiles/mine --device cuda
@@ -59,7 +60,8 @@ estimate), all_reduce.csv / send_recv.csv (optional; or in --network). CONFIG is
   head_dim = 128
   vocab_size = 103168
   intermediate_size = 13824
-  [profile]          # optional: gpu, model (the id)
+  [profile]          # optional: gpu, model (the id); gpu_spec (profiles/gpus/) and interconnect
+                     #   (profiles/interconnects/) give it [roofline]: the physics floor and profile check
   [memory]           # optional: gpu_mem_gib, m_init_gib (default A100-80GB)
   [overhead]         # optional: terms Vidur does not simulate, added on top of the measured layers
   cpu_ms = 2.0       #   per iteration, scheduler CPU time on the critical path (default 2.0, assumed)
@@ -218,26 +220,77 @@ def plot_profile(profile: str | Path, out: str | Path, pp: int = 4, max_tokens: 
     return files
 
 
+# Profiles PipeSim writes (`profile build`, `import-vidur`, `collect`): `--force` may replace them.
+# Any other profile (the hand-calibrated ones it ships) is never replaced.
+WRITABLE_SOURCES = ("built", "imported", "collected")
+
+
+def profile_out(out: str, force: bool, flag: str = "--out") -> str:
+    """A profile folder a command may write: new or empty, or (with `force`) one holding a
+    profile PipeSim built, imported or collected; never the project's root, a folder of other
+    files or a calibrated profile PipeSim ships."""
+    from sim.core import fsio
+    from sim.core.errors import ConfigError
+    from sim.core.tomlio import read_toml
+
+    path = Path(out)
+    if path.exists() and not path.is_dir():
+        raise ConfigError(f"{flag} {out}: exists and is not a folder")
+    why = fsio._protected(path) if path.exists() else None
+    if why:
+        raise ConfigError(f"{flag} {out}: is {why}; allowed: a new or empty folder")
+    if path.is_dir() and any(path.iterdir()):
+        meta = path / "meta.toml"
+        if not meta.is_file():
+            raise ConfigError(f"{flag} {out}: a folder of other files (no meta.toml); allowed: a new or empty folder")
+        source = str(read_toml(meta, ConfigError).get("profile", {}).get("source", ""))
+        if source not in WRITABLE_SOURCES:
+            raise ConfigError(f"{flag} {out}: holds a profile PipeSim did not build (source {source!r}, e.g. a "
+                              f"calibrated one it ships); allowed: a new or empty folder")
+        if not force:
+            raise ConfigError(f"{flag} {out}: holds a {source} profile; add --force to replace it, or choose a new folder")
+    return out
+
+
 def cmd_plot(args) -> int:
+    from sim.core import fsio
+
+    fsio.claim(args.out, "plots")
     for f in plot_profile(args.profile, args.out, args.pp, args.max_tokens):
         print(f)
     return 0
 
 
 def cmd_import_vidur(args) -> int:
-    from sim.profiling.vidur_import import import_vidur
+    from sim.profiling.vidur_import import import_vidur, parse_overrides
 
-    from sim.profiling.vidur_import import parse_overrides
-
-    _, report = import_vidur(args.dir, args.model, args.out, network=args.network,
-                             overrides=parse_overrides(args.overhead), no_overheads=args.no_overheads)
+    profile_out(args.out, args.force)
+    prof, report = import_vidur(args.dir, args.model, args.out, network=args.network,
+                                overrides=parse_overrides(args.overhead), no_overheads=args.no_overheads)
     print("\n".join(report))
+    _print_check(prof)
     return 0
+
+
+def _print_check(prof) -> None:
+    """The physics check of a profile just written (`profile check`), when it has GPU bounds."""
+    if prof.bounds() is None:
+        print("  physics: no [roofline] (give [profile] gpu_spec in the model config to check and floor it)")
+        return
+    from sim.latency.physics import check_profile, summary_line
+
+    rep = check_profile(prof)
+    print("  physics: " + summary_line(rep))
+    for p in rep.problems[:10]:
+        print(p.line("    "))
+    if len(rep.problems) > 10:
+        print(f"    ... {len(rep.problems) - 10} more (ppsim profile check {prof.path})")
 
 
 def cmd_collect(args) -> int:
     from sim.profiling.collect import collect
 
+    profile_out(args.out, args.force)
     collect(args.model, args.out, device=args.device, quick=args.quick)
     return 0
 
@@ -277,6 +330,7 @@ def cmd_build(args) -> int:
     for flag, val in (("--gpu", args.gpu), ("--out", args.out), ("--tp", args.tp)):
         if val is None:
             raise PipeSimError(f"profile build: {flag} is required (or --all)")
+    profile_out(args.out, args.force)
     model = resolve_model(args.model, args.model_config)
     if args.name:
         from dataclasses import replace
@@ -293,7 +347,80 @@ def cmd_build(args) -> int:
           f"{p['kernel_data']} data: median {fe['gemm_loo_median_rel_err']:.1%}, P90 {fe['gemm_loo_p90_rel_err']:.1%} "
           f"per GEMM; median {fe.get('gemm_layer_loo_median_rel_err', float('nan')):.1%}, "
           f"P90 {fe.get('gemm_layer_loo_p90_rel_err', float('nan')):.1%} per layer)")
+    _print_check(prof)
     return 0
+
+
+EPILOG_CHECK = """Checks that a profile obeys the hardware's physics at every size up to the model's context length
+([model] context_length_tokens), on the GPU of its [roofline] section (profiles/FORMAT.md):
+
+- the run-time model (scaled tables, their extrapolation, the roofline floor): achieved TFLOP/s and MFU
+  of prefill per token count, HBM bandwidth utilisation of decode, link utilisation of communication, per
+  part (linear layers, attention, LM head, communication); a violation is a part above 90% of the dense
+  BF16 peak, 100% of the HBM bandwidth or 100% of the link bandwidth, or non-attention time that grows
+  less than 1.6x from n to 2n tokens (n >= 4096);
+- the data: a table point, fit or constant faster than the roofline of the GPU it was measured on.
+
+Prints one line per problem, then the table (or one summary line per profile with --all); exits 1 when
+there is any problem, 0 otherwise. Notes (not problems) name the parts where the run uses the floor.
+
+examples:
+  ppsim profile check profiles/a100-pcie-40gb/qwen2.5-32b/tp1
+  ppsim profile check profiles/built/a100-sxm-80gb/llama-3.1-8b/tp1 --max-tokens 32768
+  ppsim profile check --all
+  ppsim profile check my-profile --gpu h100-sxm-80gb --interconnect nvswitch   # a profile without [roofline]
+"""
+
+
+def shipped_profile_dirs() -> list[Path]:
+    """Every shipped profile: profiles/<gpu>/<model>/tp<T>/ and profiles/built/**/tp<T>/."""
+    from sim.profiling.specs import PROFILES
+
+    return sorted(p.parent for p in PROFILES.rglob("meta.toml") if p.parent.name.startswith("tp"))
+
+
+def _check_one(path: Path, args):
+    from sim.latency.physics import check_profile, with_roofline
+    from sim.latency.profiled import Profile
+
+    prof = Profile.load(path)
+    if args.gpu:
+        from sim.profiling.specs import load_gpu, load_interconnect, roofline_section
+
+        gpu = load_gpu(args.gpu)
+        ic = load_interconnect(args.interconnect or gpu.default_interconnect)
+        prof = with_roofline(prof, roofline_section(gpu, ic, gpu.kernel_data))
+    return check_profile(prof, max_tokens=args.max_tokens)
+
+
+def cmd_check(args) -> int:
+    from sim.latency.physics import fmt_table, summary_line
+
+    if args.max_tokens is not None and args.max_tokens < 1:
+        raise PipeSimError(f"--max-tokens must be >= 1, got {args.max_tokens}")
+    if args.all == bool(args.profile):
+        raise PipeSimError("profile check: give one PROFILE_DIR or --all")
+    dirs = shipped_profile_dirs() if args.all else [_profile_dir(args.profile)]
+    reports = [_check_one(d, args) for d in dirs]
+    if args.json:
+        print(json.dumps([r.as_dict() for r in reports], indent=1))
+    elif args.all:
+        for r in reports:
+            print(summary_line(r))
+            for p in r.problems:
+                print(p.line("  "))
+        bad = sum(not r.ok for r in reports)
+        print(f"{len(reports)} profiles checked up to their context length; {bad} with problems")
+    else:
+        r = reports[0]
+        for p in r.problems:
+            print(p.line(f"{r.profile}: "))
+        print(summary_line(r))
+        print(f"  GPU {r.bounds.describe()}; tables measured on {r.base.describe()}; {r.context_note}")
+        for n in r.notes:
+            print(f"  note: {n}")
+        print("\n".join(fmt_table(r)))
+    return 0 if all(r.ok for r in reports) else 1
 
 
 def _pp(text: str) -> int:
@@ -324,6 +451,18 @@ def add_commands(subparsers) -> None:
                    "comm_ms, overhead_ms, total_ms)")
     p.set_defaults(func=cmd_show)
 
+    p = sub.add_parser("check", help="physical bounds: MFU, HBM and link utilisation up to the context length",
+                       epilog=EPILOG_CHECK, formatter_class=RAW)
+    p.add_argument("profile", metavar="PROFILE_DIR", nargs="?", default=None)
+    p.add_argument("--all", action="store_true", help="every shipped profile (profiles/<gpu>/..., profiles/built/...)")
+    p.add_argument("--max-tokens", type=int, default=None, help="check up to this many tokens (default: the "
+                   "model's context length)")
+    p.add_argument("--gpu", default=None, help="check against a GPU of profiles/gpus/ instead of [roofline]")
+    p.add_argument("--interconnect", default=None, metavar="IC", help="with --gpu: an interconnect of "
+                   "profiles/interconnects/ (default: the GPU's)")
+    p.add_argument("--json", action="store_true", help="print the reports as JSON")
+    p.set_defaults(func=cmd_check)
+
     p = sub.add_parser("plot", help="PNG plots: step function, attention, communication",
                        epilog=EPILOG_PLOT, formatter_class=RAW)
     p.add_argument("profile", metavar="PROFILE_DIR")
@@ -342,6 +481,7 @@ def add_commands(subparsers) -> None:
                    help="set one [overhead] term (cpu_ms, lm_head_ms, embedding_ms, sample_ms, broadcast_us); "
                    "repeatable")
     p.add_argument("--no-overheads", action="store_true", help="set every [overhead] term to 0 (Vidur has none)")
+    p.add_argument("--force", action="store_true", help="replace a profile PipeSim built, imported or collected in --out")
     p.set_defaults(func=cmd_import_vidur)
 
     p = sub.add_parser("build", help="build a profile for any dense model on a GPU from shipped kernel data",
@@ -356,6 +496,7 @@ def add_commands(subparsers) -> None:
     p.add_argument("--tp", type=_pp, default=None, help="tensor-parallel degree of the profile")
     p.add_argument("--out", default=None, help="profile directory to write")
     p.add_argument("--all", action="store_true", help="rebuild the shipped library profiles/built/")
+    p.add_argument("--force", action="store_true", help="replace a profile PipeSim built, imported or collected in --out")
     p.add_argument("--root", default=None, help=argparse.SUPPRESS)
     p.set_defaults(func=cmd_build)
 
@@ -365,6 +506,7 @@ def add_commands(subparsers) -> None:
     p.add_argument("--out", required=True, help="profile directory to write")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cuda", help="device to time (default cuda)")
     p.add_argument("--quick", action="store_true", help="tiny grids (smoke test)")
+    p.add_argument("--force", action="store_true", help="replace a profile PipeSim built, imported or collected in --out")
     p.set_defaults(func=cmd_collect)
 
 

@@ -12,9 +12,10 @@
 from __future__ import annotations
 
 import copy
+import math
 from pathlib import Path
 
-from sim.core.errors import DataError
+from sim.core.errors import ConfigError, DataError
 from sim.latency.base import BatchStats
 from sim.latency.profiled import Profile, ProfiledLatencyModel
 
@@ -40,15 +41,63 @@ OVERRIDE_KEYS = {
 DEFAULT_DECODE_CONTEXT = 1400
 
 
+# The documented physical range of each numeric override (low, high), and where it is documented. A what-if
+# run may move a parameter anywhere inside it, never outside: a value no real server can have (a NaN, a
+# 1e300 scale) would only make the run meaningless (or endless). 0 is allowed for the ground truth's
+# variance and per-request terms: it is their documented "off" value (absent = 0, profiles/FORMAT.md).
+# The communication bandwidths are bounded by the link's per-direction bandwidth ([roofline] link_bw_gbps).
+FIT_RANGES = "reference/latency-profiles.md sections 3 and 12, profiles/FORMAT.md ([ground_truth])"
+OVERRIDE_RANGES: dict[str, tuple[float, float]] = {
+    "s_mem": (1.0, 1.35),             # section 12 step 2 (80 -> 40GB bandwidth ratio 1.24-1.31, section 8)
+    "s_comp": (1.0, 1.2),             # section 12 step 2 (same peak, 250 W cap, section 8)
+    "cpu_ms": (1.0, 3.0),             # section 3 / section 9
+    "p2p_alpha_us": (0.0, 30.0),      # section 3: 15-30 us on PCIe (13 us measured on NVSwitch)
+    "p2p_bw_gbps": (0.0, math.inf),   # (0, link bandwidth]
+    "allreduce_alpha_us": (0.0, 100.0),   # section 3: 59-100 us on PCIe (27-38 us measured on NVSwitch)
+    "allreduce_busbw_gbps": (0.0, math.inf),  # (0, link bandwidth]
+    "cpu_per_request_us": (0.0, 50.0),    # FORMAT.md: 5-50 us, 0 = off
+    "decode_wave_fraction": (0.0, 1.0),
+    "jitter_cv": (0.0, 0.08),         # FORMAT.md: 1-8%, 0 = off
+    "stall_prob": (0.0, 0.10),        # FORMAT.md: 0-10%
+    "slow_prob": (0.0, 0.15),         # FORMAT.md: 0-15%
+    "slow_mean": (0.0, 0.60),         # FORMAT.md: 5-60%, 0 = off
+    "stall_mean_ms": (0.0, 30.0),     # FORMAT.md: 2-30 ms, 0 = off
+}
+OPEN_LOW = {"p2p_bw_gbps", "allreduce_busbw_gbps"}     # a bandwidth of 0 is no link at all
+
+
+def check_override(profile: Profile, key: str, val):
+    """`val` if it is a valid value of override `key` on `profile`, else a one-line ConfigError naming the key."""
+    if key == "mode":
+        if val not in ("grid", "bucket128"):
+            raise ConfigError(f"[latency.overrides] mode must be 'grid' or 'bucket128', got {val!r}")
+        return val
+    lo, hi = OVERRIDE_RANGES[key]
+    where = FIT_RANGES
+    if key in OPEN_LOW:
+        link = profile.meta.get("roofline", {}).get("link_bw_gbps")
+        if link:
+            hi, where = float(link), f"the link's per-direction bandwidth, {profile.path / 'meta.toml'} [roofline]"
+    ok = not isinstance(val, bool) and isinstance(val, (int, float)) and math.isfinite(val)
+    ok = ok and (val > lo if key in OPEN_LOW else val >= lo) and val <= hi
+    if not ok:
+        rng = f"{'(' if key in OPEN_LOW else '['}{lo:g}, {hi:g}]" if math.isfinite(hi) else f"> {lo:g}"
+        raise ConfigError(f"[latency.overrides] {key} must be a finite number in {rng} ({where}), got {val!r}")
+    return val
+
+
 def with_overrides(profile: Profile, **overrides) -> Profile:
-    """A copy of `profile` whose meta has the given values (keys of OVERRIDE_KEYS)."""
+    """A copy of `profile` whose meta has the given values (keys of OVERRIDE_KEYS), each checked
+    against its documented physical range (`OVERRIDE_RANGES`)."""
     meta = copy.deepcopy(profile.meta)
     for key, val in overrides.items():
         if key not in OVERRIDE_KEYS:
             raise DataError(f"unknown profile override {key!r}; allowed: {', '.join(OVERRIDE_KEYS)}")
+        check_override(profile, key, val)
         sec, name = OVERRIDE_KEYS[key]
         meta.setdefault(sec, {})[name] = val
-    return Profile(profile.path, meta, profile.grid, profile.layer_ms, profile.attention, profile.comm)
+    return Profile(profile.path, meta, profile.grid, profile.layer_ms, profile.attention, profile.comm,
+                   layer_raw=profile.layer_raw)
 
 
 def load_model(profile: str | Path | Profile, pp: int, **overrides) -> ProfiledLatencyModel:

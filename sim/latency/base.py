@@ -22,10 +22,11 @@ class BatchStats:
     - `sum_c2`: sum over prefill pieces of new_tokens^2;
     - `sum_cp`: sum over prefill pieces of new_tokens * prefix_tokens;
     - `num_decode`: decode requests (one token each);
-    - `sum_decode_ctx`: sum over decode requests of their context length (prompt + output).
+    - `sum_decode_ctx`: sum over decode requests of their context length (prompt + output);
+    - `pad_tokens`: padding rows of a CUDA-graph replay (linear layers only; 0 when eager).
     """
 
-    __slots__ = ("prefill_tokens", "num_prefill", "sum_c2", "sum_cp", "num_decode", "sum_decode_ctx")
+    __slots__ = ("prefill_tokens", "num_prefill", "sum_c2", "sum_cp", "num_decode", "sum_decode_ctx", "pad_tokens")
 
     def __init__(
         self,
@@ -42,6 +43,9 @@ class BatchStats:
         self.sum_cp = sum_cp
         self.num_decode = num_decode
         self.sum_decode_ctx = sum_decode_ctx
+        # rows a CUDA graph pads the batch with (the engines' captured sizes): the linear layers
+        # compute them, attention does not (sim/engine/schedulers/, EngineSettings.capture_sizes)
+        self.pad_tokens = 0
 
     @property
     def num_tokens(self) -> int:

@@ -9,8 +9,17 @@ layers of a TP-t shard:
       + first-stage embedding, last-stage LM head and sampling
 
 `layer(T)` rounds T up to the profile grid and takes the running maximum, so more tokens
-never cost less. The iteration overhead (CPU scheduling + token broadcast) is charged once
-per lock-step iteration by the engine.
+never cost less; past the grid it is linear in T at the rate of a least-squares line through the
+top half of the measured grid (never negative). The iteration overhead (CPU scheduling + token
+broadcast) is charged once per lock-step iteration by the engine.
+
+The roofline floor (`[roofline]`, sim/latency/roofline.py, profiles/FORMAT.md "Physical bounds"):
+every part takes at least max(FLOPs / peak, bytes / bandwidth) on the profile's GPU: the linear
+table at each grid point and past it, prefill attention (causal FLOPs, KV reads), decode attention
+(KV reads), the LM head (its weights; with many sampled sequences their GEMM FLOPs at the best MFU
+of the profile's own linear table, `lm_mfu`) and communication (bytes over the link). The floors of
+the token-count parts are applied once per token count (cached); attention's and the LM head's per
+batch, in StageTimer. A profile without `[roofline]` runs without a floor.
 
 Communication (`[comm] model`):
 
@@ -41,6 +50,11 @@ profile without the section is the plain table model above):
   in a run config turns them off (the zero-variance truth for tests and exact golden runs);
   `[latency] noise_cv > 0` overrides `jitter_cv`.
 
+On a cluster (`placement`, set by sim/engine/cluster.py from a run's `[cluster]` table): a PP send to a
+stage on another node, and the all-reduces and logits all-gather of a TP group spanning nodes, are costed
+by the cluster's network model instead (sim/profiling/cluster.py); inside a node the profile's own model
+above applies, so a one-node placement gives the same stage times bit for bit.
+
 TP (tp > 1) also pays SGLang's all-gather of the vocabulary-parallel logits before sampling, on
 the last stage: `allreduce_alpha + (t-1)/t * n_seq * vocab * dtype_bytes / busBW` with n_seq the
 sequences sampled (decodes plus prefill pieces); with a comm table, the all-reduce curve at half
@@ -62,6 +76,7 @@ pd = lazy("pandas")  # imported on first use (sim/core/lazy.py)
 from sim.core.errors import ConfigError, DataError
 from sim.core.tomlio import read_toml
 from sim.latency.base import BatchStats, StepTime, latency_models
+from sim.latency.roofline import Bounds, Floors, bounds_from_meta
 from sim.latency.variance import IterationNoise, VarianceParams
 from sim.latency.stagetimer import StageTimer
 
@@ -97,6 +112,107 @@ GROUND_TRUTH_KEYS = {
 }
 
 
+# Allowed values of every number of meta.toml the simulator reads: (low, high, low excluded, integer);
+# high None = no upper bound. Every other number in meta.toml must be finite.
+_COUNT = (1, None, False, True)
+_POS = (0.0, None, True, False)
+_NONNEG = (0.0, None, False, False)
+_FRAC = (0.0, 1.0, False, False)
+# s_mem / s_comp scale the measured tables to a sibling SKU (the A100 80GB -> 40GB PCIe factors are
+# 1.03-1.31, profiles/README.md); a factor of more than 10 either way is another machine, not a scaling
+_SCALE = (0.1, 10.0, False, False)
+META_RANGES: dict[str, dict[str, tuple]] = {
+    "profile": {"tp": _COUNT},
+    "model": {"num_layers": _COUNT, "hidden_size": _COUNT, "num_q_heads": _COUNT, "num_kv_heads": _COUNT,
+              "head_dim": _COUNT, "vocab_size": _COUNT, "layer_params": _POS, "embedding_params": _POS,
+              "dtype_bytes": (1, 4, False, True), "intermediate_size": (0, None, False, True),
+              "context_length_tokens": _COUNT},
+    "scaling": {"s_mem": _SCALE, "s_comp": _SCALE, "mem_bound_tokens": _COUNT, "comp_bound_tokens": _COUNT},
+    "overhead": {"cpu_ms": _NONNEG, "lm_head_ms": _NONNEG, "embedding_ms": _NONNEG, "sample_ms": _NONNEG,
+                 "broadcast_us": _NONNEG},
+    "comm": {"p2p_alpha_us": _NONNEG, "p2p_bw_gbps": _POS, "activation_bytes_per_token": _POS,
+             "allreduce_alpha_us": _NONNEG, "allreduce_busbw_gbps": _POS},
+    "memory": {"gpu_mem_gib": _POS, "m_init_gib": _POS},
+    "ground_truth": {"decode_wave_fraction": _FRAC, "sm_count": (1.0, None, False, False),
+                     "cpu_per_request_us": _NONNEG, "jitter_cv": _NONNEG, "stall_prob": _FRAC,
+                     "stall_mean_ms": _NONNEG, "slow_prob": _FRAC, "slow_mean": _NONNEG},
+    "roofline": {"bf16_tflops": _POS, "hbm_bw_gbps": _POS, "link_bw_gbps": _POS, "base_bf16_tflops": _POS,
+                 "base_hbm_bw_gbps": _POS},
+}
+# [measured]: the ranges the tables and fits cover, each [low, high] (profiles/FORMAT.md)
+MEASURED_KEYS = ("tokens", "prefill_chunk", "prefill_context", "decode_batch", "decode_context", "comm_bytes")
+
+
+def range_text(lo, hi, lo_open: bool, integer: bool) -> str:
+    kind = "an integer" if integer else "a finite number"
+    if hi is None:
+        return f"{kind} {'>' if lo_open else '>='} {lo:g}"
+    return f"{kind} in {'(' if lo_open else '['}{lo:g}, {hi:g}]"
+
+
+def check_number(val, rng: tuple, where: str, key: str):
+    """`val` if it lies in `rng` (META_RANGES' form), else a one-line DataError naming the key and the range."""
+    lo, hi, lo_open, integer = rng
+    ok = not isinstance(val, bool) and isinstance(val, (int, float)) and math.isfinite(val)
+    if ok and integer:
+        ok = float(val).is_integer()
+    if ok:
+        ok = (val > lo if lo_open else val >= lo) and (hi is None or val <= hi)
+    if not ok:
+        raise DataError(f"{where}: key {key!r} must be {range_text(*rng)}, got {val!r}")
+    return val
+
+
+def _walk_numbers(node, path: str):
+    if isinstance(node, dict):
+        for k, v in node.items():
+            yield from _walk_numbers(v, f"{path}.{k}" if path else str(k))
+    elif isinstance(node, list):
+        for i, v in enumerate(node):
+            yield from _walk_numbers(v, f"{path}[{i}]")
+    elif isinstance(node, float):
+        yield path, node
+
+
+def validate_meta(meta: dict, meta_path: Path) -> None:
+    """Every number of meta.toml finite, every number the simulator reads in its range (META_RANGES),
+    communication bandwidths within the link's, the [measured] ranges ordered; one-line DataError."""
+    for path, val in _walk_numbers(meta, ""):
+        if not math.isfinite(val):
+            sec, _, key = path.partition(".")
+            raise DataError(f"{meta_path} [{sec}]: key {key or sec!r} must be a finite number, got {val!r}")
+    for sec, keys in META_RANGES.items():
+        table = meta.get(sec)
+        if not isinstance(table, dict):
+            continue
+        for key, rng in keys.items():
+            if key in table:
+                check_number(table[key], rng, f"{meta_path} [{sec}]", key)
+    sc = meta.get("scaling", {})
+    if isinstance(sc, dict) and sc.get("comp_bound_tokens", 1) < sc.get("mem_bound_tokens", 0):
+        raise DataError(f"{meta_path} [scaling]: key 'comp_bound_tokens' must be >= mem_bound_tokens "
+                        f"({sc.get('mem_bound_tokens')}), got {sc.get('comp_bound_tokens')}")
+    link = meta.get("roofline", {}).get("link_bw_gbps") if isinstance(meta.get("roofline"), dict) else None
+    cm = meta.get("comm", {})
+    if link and isinstance(cm, dict):
+        for key in ("p2p_bw_gbps", "allreduce_busbw_gbps"):
+            if key in cm and cm[key] > link:
+                raise DataError(f"{meta_path} [comm]: key {key!r} must be in (0, {link:g}] (the link's per-direction "
+                                f"bandwidth, [roofline] link_bw_gbps), got {cm[key]!r}")
+    ms = meta.get("measured")
+    if ms is not None:
+        if not isinstance(ms, dict):
+            raise DataError(f"{meta_path} [measured]: must be a table")
+        for key in MEASURED_KEYS:
+            if key not in ms:
+                continue
+            v = ms[key]
+            if not (isinstance(v, list) and len(v) == 2 and all(not isinstance(x, bool) and isinstance(x, (int, float))
+                                                                 and x >= 0 for x in v) and v[0] <= v[1]):
+                raise DataError(f"{meta_path} [measured]: key {key!r} must be [low, high] with 0 <= low <= high, "
+                                f"got {v!r}")
+
+
 def read_csv_table(path: Path, required: list[str]) -> pd.DataFrame:
     """A CSV with the `required` columns, or a one-line DataError naming the file and column."""
     if not path.is_file():
@@ -115,20 +231,41 @@ def _need(table: dict, key: str, where: str, *, positive: bool = True) -> float:
     if key not in table:
         raise DataError(f"{where}: missing key {key!r}")
     val = table[key]
-    if isinstance(val, bool) or not isinstance(val, (int, float)) or (positive and val <= 0) or val < 0:
-        raise DataError(f"{where}: key {key!r} must be a {'positive' if positive else 'non-negative'} number, got {val!r}")
+    if (isinstance(val, bool) or not isinstance(val, (int, float)) or not math.isfinite(val)
+            or (positive and val <= 0) or val < 0):
+        raise DataError(f"{where}: key {key!r} must be a finite {'positive' if positive else 'non-negative'} number, got {val!r}")
     return float(val)
+
+
+def extrapolation_rate(grid: np.ndarray, ms: np.ndarray) -> float:
+    """The rate (ms per token) at which a per-layer table grows beyond its last grid point: the
+    least-squares slope of the measured points in the top half of the grid (tokens >= last / 2; the
+    last two points if the top half holds fewer), never negative; 0 for a one-point grid."""
+    g = np.asarray(grid, dtype=float)
+    y = np.asarray(ms, dtype=float)
+    if len(g) < 2:
+        return 0.0
+    top = g >= g[-1] / 2
+    if top.sum() < 2:
+        top = np.zeros(len(g), dtype=bool)
+        top[-2:] = True
+    x, v = g[top], y[top]
+    x0 = x.mean()
+    slope = float(np.sum((x - x0) * (v - v.mean())) / np.sum((x - x0) ** 2))
+    return max(slope, 0.0)
 
 
 class Profile:
     """The parsed contents of one profile directory (tables + meta), no timing logic."""
 
     def __init__(self, path: Path, meta: dict, grid: np.ndarray, layer_ms: np.ndarray,
-                 attention: dict[str, dict[str, float]], comm: pd.DataFrame | None) -> None:
+                 attention: dict[str, dict[str, float]], comm: pd.DataFrame | None,
+                 layer_raw: np.ndarray | None = None) -> None:
         self.path = path
         self.meta = meta
         self.grid = grid
-        self.layer_ms = layer_ms
+        self.layer_ms = layer_ms        # the running maximum of the table (what the lookup reads)
+        self.layer_raw = layer_ms if layer_raw is None else layer_raw   # the table as measured
         self.attention = attention
         self.comm = comm
         # Per stage count: the token-count parts of the stage times (ProfiledLatencyModel), which
@@ -144,6 +281,7 @@ class Profile:
         for section in ("profile", "model", "lookup", "scaling", "overhead", "comm", "memory"):
             if section not in meta:
                 raise DataError(f"{meta_path}: missing section [{section}]")
+        validate_meta(meta, meta_path)
         units = meta["profile"].get("units", {})
         if units.get("time", "ms") != "ms":
             raise DataError(f"{meta_path}: [profile] units.time must be 'ms', got {units.get('time')!r}")
@@ -156,13 +294,19 @@ class Profile:
             raise DataError(f"{lay_path}: column 'num_tokens' must be strictly increasing (sorted, unique)")
         ms = pd.to_numeric(lay["layer_nonattn_ms"], errors="coerce").to_numpy(dtype=float)
         if np.any(~np.isfinite(ms)) or np.any(ms <= 0):
-            raise DataError(f"{lay_path}: column 'layer_nonattn_ms' must hold positive numbers (ms)")
+            raise DataError(f"{lay_path}: column 'layer_nonattn_ms' must hold positive numbers (finite, ms)")
+        for col in lay.columns:
+            if col in ("num_tokens", "layer_nonattn_ms"):
+                continue
+            vals = pd.to_numeric(lay[col], errors="coerce").to_numpy(dtype=float)
+            if np.any(~np.isfinite(vals)) or np.any(vals < 0):
+                raise DataError(f"{lay_path}: column {col!r} must hold non-negative numbers (finite, ms)")
         att_path = path / "attention.csv"
         att = read_csv_table(att_path, ["component", "a_ms", "b_c", "b_c2", "b_cp", "b_ctx"]).fillna(0.0)
         for col in ("a_ms", "b_c", "b_c2", "b_cp", "b_ctx"):
             vals = pd.to_numeric(att[col], errors="coerce")
-            if vals.isna().any() or (vals < 0).any():
-                raise DataError(f"{att_path}: column {col!r} must hold non-negative numbers (ms, per token)")
+            if vals.isna().any() or (vals < 0).any() or not np.all(np.isfinite(vals)):
+                raise DataError(f"{att_path}: column {col!r} must hold non-negative numbers (finite; ms, per token)")
             att[col] = vals
         attention = {}
         for comp in ("prefill", "decode"):
@@ -176,7 +320,11 @@ class Profile:
             raise DataError(f"{meta_path} [comm]: model must be 'alpha-beta' or 'table', got {comm_model!r}")
         if comm_model == "table":
             comm = load_comm_table(path / "comm.csv")
-        return cls(path, meta, grid.astype(np.int64), np.maximum.accumulate(ms), attention, comm)
+        ranges = meta.get("measured", {})
+        if "tokens" in ranges and list(ranges["tokens"]) != [int(grid[0]), int(grid[-1])]:
+            raise DataError(f"{meta_path} [measured]: key 'tokens' must be the grid's range of {lay_path.name}, "
+                            f"[{int(grid[0])}, {int(grid[-1])}], got {ranges['tokens']!r}")
+        return cls(path, meta, grid.astype(np.int64), np.maximum.accumulate(ms), attention, comm, layer_raw=ms)
 
     @property
     def tp(self) -> int:
@@ -185,6 +333,24 @@ class Profile:
     @property
     def model_id(self) -> str:
         return str(self.meta["profile"].get("model", self.path.parent.name))
+
+    @property
+    def context_length(self) -> int | None:
+        """The model's context length ([model] context_length_tokens), None when not recorded."""
+        v = self.meta["model"].get("context_length_tokens")
+        return int(v) if v else None
+
+    def bounds(self, base: bool = False) -> Bounds | None:
+        """The GPU bounds of `[roofline]` (the target GPU, or with `base` the GPU the tables were measured
+        on); None for a profile without the section (no floor, `profile check` refuses it)."""
+        return bounds_from_meta(self.meta, str(self.path / "meta.toml"), base=base)
+
+    def measured(self) -> dict[str, tuple[float, float]]:
+        """The measured ranges (`[measured]`, FORMAT.md), `tokens` always (the grid's)."""
+        out = {k: (float(v[0]), float(v[1])) for k, v in self.meta.get("measured", {}).items()
+               if k in MEASURED_KEYS}
+        out["tokens"] = (float(self.grid[0]), float(self.grid[-1]))
+        return out
 
     def ground_truth(self) -> dict[str, float]:
         """The optional `[ground_truth]` section (structure and variance), checked."""
@@ -324,7 +490,11 @@ class ProfiledLatencyModel:
     """Ground truth from a profile directory, composed into `pp` stages."""
 
     def __init__(self, profile: Profile, pp: int, noise_cv: float = 0.0, seed: int | None = None,
-                 variance: bool = True) -> None:
+                 variance: bool = True, placement=None) -> None:
+        # `placement`: where this instance's ranks sit on a cluster (sim/engine/cluster.py): an object with
+        # `key` and allreduce_s / send_s / gather_s(..., default) that cost a group or send crossing nodes
+        # over the network and return `default` (this profile's own cost) inside a node; None: one node
+        self.placement = placement
         self.profile = profile
         self.num_stages = pp
         meta = profile.meta
@@ -344,6 +514,13 @@ class ProfiledLatencyModel:
         self.cpu_s = _need(ov, "cpu_ms", w, positive=False) / 1e3
         self.broadcast_s = _need(ov, "broadcast_us", w, positive=False) / 1e6 if pp > 1 else 0.0
         self.lm_head_s = _need(ov, "lm_head_ms", w, positive=False) / 1e3 * self.s_mem / self.tp
+        # The roofline floor ([roofline], sim/latency/roofline.py): None for a profile without GPU bounds.
+        bounds = profile.bounds()
+        self.floors = Floors.for_shape(bounds, self.shape, self.tp) if bounds is not None else None
+        self.lm_seq_s = 0.0     # LM-head compute per sampled sequence (0: no floor; set with the table below)
+        self.lm_mfu = 0.0       # the best MFU of the linear table: the LM head's efficiency when compute bound
+        if self.floors is not None:
+            self.lm_head_s = max(self.lm_head_s, self.floors.lm_weights_s)
         self.embedding_s = _need(ov, "embedding_ms", w, positive=False) / 1e3
         self.sample_s = _need(ov, "sample_ms", w, positive=False) / 1e3
         w = where + " [comm]"
@@ -352,6 +529,12 @@ class ProfiledLatencyModel:
         self.p2p_bw = _need(cm, "p2p_bw_gbps", w) * 1e9
         self.ar_alpha_s = _need(cm, "allreduce_alpha_us", w, positive=False) / 1e6
         self.ar_bw = _need(cm, "allreduce_busbw_gbps", w) * 1e9
+        if self.floors is not None and self.floors.bounds.link_bw:
+            # an alpha-beta bandwidth at most the link's keeps alpha + bytes / bw above the link floor, with
+            # no per-batch comparison (meta.toml and overrides are checked against the link; this covers a
+            # profile given other bounds, `profile check --gpu`)
+            self.p2p_bw = min(self.p2p_bw, self.floors.bounds.link_bw)
+            self.ar_bw = min(self.ar_bw, self.floors.bounds.link_bw)
         self.comm_model = cm.get("model", "alpha-beta")
         self._p2p_curve = self._ar_curve = None
         if self.comm_model == "table":
@@ -377,15 +560,36 @@ class ProfiledLatencyModel:
         # Scaled per-layer times at the grid points: s(T) is taken at the looked-up grid point (the
         # padded kernel that actually runs), then a running maximum again, because s(T) falls from
         # s_mem to s_comp while the table may be flat: more tokens never cost less after scaling.
-        scaled = np.maximum.accumulate(profile.layer_ms * np.array([self.scale(int(g)) for g in profile.grid]))
+        s_grid = np.array([self.scale(int(g)) for g in profile.grid])
+        scaled = np.maximum.accumulate(profile.layer_ms * s_grid)
+        if self.floors is not None:
+            fl = self.floors
+            # The LM head is one vocab x hidden GEMM over the sampled sequences: the profile gives its
+            # memory-bound time (few rows); with many rows it is compute bound, and no GEMM of this
+            # profile runs faster than the best its own linear layers reach on this GPU (their largest
+            # MFU over the grid, at most 1: the roofline).
+            mfu = np.max(fl.linear_flops_per_token * profile.grid / (scaled / 1e3)) / fl.bounds.peak_flops
+            self.lm_mfu = min(float(mfu), 1.0)
+            self.lm_seq_s = fl.lm_seq_s / self.lm_mfu
+            # the roofline floor at each grid point (the padded kernel that runs), then the running
+            # maximum again; a physical table is above it everywhere and keeps its values bit for bit
+            floor_ms = np.array([fl.linear_s(float(g)) * 1e3 for g in profile.grid])
+            scaled = np.maximum.accumulate(np.maximum(scaled, floor_ms))
         self._scaled_ms = scaled.tolist()
+        # Beyond the grid: linear in tokens at the rate fitted to the top of the measured range
+        # (`extrapolation_rate`), from the last grid value, never below the floor.
+        self._rate_ms = extrapolation_rate(profile.grid, profile.layer_raw)
+        self._scaled_rate_ms = extrapolation_rate(profile.grid, profile.layer_raw * s_grid)
         # the per-batch hot path (stagetimer.py, compiled with the engine): attention and the
         # cached token-count parts; `stage_times` is its bound method (no Python frame per batch)
         att = profile.attention
+        fl = self.floors
         self._timer = StageTimer(self._token_parts, pp, self.s_comp, self.s_mem, att["prefill"], att["decode"],
                                  self.wave_frac, self.kv_heads_per_gpu, self.sm_count, self.cpu_s, self.cpu_per_req_s,
                                  self.broadcast_s, self.logits_gather_s if self.tp > 1 else None,
-                                 profile.token_parts.setdefault(pp, {}))
+                                 profile.token_parts.setdefault(pp if placement is None else (pp, placement.key), {}),
+                                 pair_ms=fl.pair_s * 1e3 if fl else 0.0, kv_ms=fl.kv_token_s * 1e3 if fl else 0.0,
+                                 lm_head_s=self.lm_head_s, lm_seq_s=self.lm_seq_s)
         self.stage_times = self._timer.times
         # `overhead_s(st)`: the critical-path host time of one iteration whose slot runs `st`
         # (None: an empty turn, which pays only the broadcast)
@@ -402,8 +606,9 @@ class ProfiledLatencyModel:
         return self.s_mem + (self.s_comp - self.s_mem) * frac
 
     def layer_nonattn_s(self, tokens: int, scaled: bool = False) -> float:
-        """One layer's non-attention time at base hardware (or 40GB-scaled with `scaled`), seconds:
-        round up to 128 (bucket128), round up to the grid, running maximum; linear beyond the grid."""
+        """One layer's non-attention time at base hardware (or scaled to the target GPU with `scaled`,
+        floored by its roofline), seconds: round up to 128 (bucket128), round up to the grid, running
+        maximum; beyond the grid linear in tokens at the rate of the top of the measured range."""
         if tokens <= 0:
             return 0.0
         if self.mode == "bucket128":
@@ -412,37 +617,62 @@ class ProfiledLatencyModel:
         i = bisect.bisect_left(grid, tokens)
         if i < len(grid):
             return ms[i] / 1e3
-        # NOTE: beyond the grid, extrapolate linearly from the last two points.
-        slope = (ms[-1] - ms[-2]) / (grid[-1] - grid[-2])
-        return (ms[-1] + slope * (tokens - grid[-1])) / 1e3
+        rate = self._scaled_rate_ms if scaled else self._rate_ms
+        out = ms[-1] + rate * (tokens - grid[-1])
+        if scaled and self.floors is not None:
+            out = max(out, self.floors.linear_s(float(tokens)) * 1e3)
+        return out / 1e3
+
+    def extrapolation_rate_s(self, scaled: bool = True) -> float:
+        """Seconds per token of one layer's non-attention time beyond the grid (before the floor)."""
+        return (self._scaled_rate_ms if scaled else self._rate_ms) / 1e3
 
     def attention_s(self, st: BatchStats) -> float:
         """One layer's attention time (seconds): prefill terms scaled by s_comp, decode by s_mem."""
         return self._timer.attention_s(st)
 
+    def _comm_floor(self, t: float, sent_bytes: float) -> float:
+        """`t` (seconds), at least the bytes this GPU sends over the link at its bandwidth."""
+        if self.floors is not None and self.floors.link_byte_s > 0:
+            return max(t, self.floors.comm_s(sent_bytes))
+        return t
+
     def p2p_s(self, tokens: int) -> float:
         """PP activation send of `tokens` tokens into the next stage (seconds)."""
+        size = self.act_bytes * tokens
         if self._p2p_curve is not None:
-            return self._p2p_curve(self.act_bytes * tokens) / 1e3
-        return self.p2p_alpha_s + self.act_bytes * tokens / self.p2p_bw
+            return self._comm_floor(self._p2p_curve(size) / 1e3, size)
+        return self.p2p_alpha_s + size / self.p2p_bw   # p2p_bw <= the link's: above the floor
 
     def allreduce_s(self, tokens: int) -> float:
         """One TP all-reduce of the hidden state of `tokens` tokens (seconds); 0 at tp = 1."""
         if self.tp <= 1:
             return 0.0
         size = tokens * self.shape.hidden_size * self.shape.dtype_bytes
+        sent = 2 * (self.tp - 1) / self.tp * size      # a ring all-reduce sends this much from each GPU
         if self._ar_curve is not None:
-            return self._ar_curve(size) / 1e3
-        return self.ar_alpha_s + 2 * (self.tp - 1) / self.tp * size / self.ar_bw
+            return self._comm_floor(self._ar_curve(size) / 1e3, sent)
+        return self.ar_alpha_s + 2 * (self.tp - 1) / self.tp * size / self.ar_bw   # ar_bw <= the link's
 
     def logits_gather_s(self, num_seqs: int) -> float:
         """SGLang's all-gather of the vocab-parallel logits of `num_seqs` sequences (seconds); 0 at tp = 1."""
         if self.tp <= 1 or num_seqs <= 0:
             return 0.0
         size = num_seqs * self.shape.vocab_size * self.shape.dtype_bytes
-        if self._ar_curve is not None:
-            return self._ar_curve(size / 2) / 1e3
-        return self.ar_alpha_s + (self.tp - 1) / self.tp * size / self.ar_bw
+        if self._ar_curve is not None:   # a ring all-gather sends (t-1)/t of the bytes from each GPU
+            t = self._comm_floor(self._ar_curve(size / 2) / 1e3, (self.tp - 1) / self.tp * size)
+        else:
+            t = self.ar_alpha_s + (self.tp - 1) / self.tp * size / self.ar_bw   # ar_bw <= the link's
+        if self.placement is not None:   # the last stage's TP group spanning nodes gathers over the network
+            t = self.placement.gather_s(size, t)
+        return t
+
+    def lm_head_time_s(self, num_seqs: int) -> float:
+        """The LM head on the last stage for `num_seqs` sampled sequences (seconds): the profile's
+        memory-bound time, or, for many sequences, their GEMM FLOPs at the best MFU the profile's own
+        linear layers reach (`lm_mfu`), whichever is longer."""
+        extra = float(num_seqs) * self.lm_seq_s - self.lm_head_s
+        return self.lm_head_s + extra if extra > 0.0 else self.lm_head_s
 
     def make_noise(self, prefix: str = "latency") -> IterationNoise | None:
         """The per-iteration draws of one pipeline (None for a zero-variance truth)."""
@@ -460,14 +690,24 @@ class ProfiledLatencyModel:
         n = self.layers[stage]
         linear = n * self.layer_nonattn_s(tokens, scaled=True)
         attention = n * self.attention_s(st)
-        comm = 2 * n * self.allreduce_s(tokens)
+        ar = self.allreduce_s(tokens)
+        if self.placement is not None:   # a TP group spanning nodes all-reduces over the network
+            ar = self.placement.allreduce_s(stage, tokens * self.shape.hidden_size * self.shape.dtype_bytes, ar)
+        comm = 2 * n * ar
         overhead = 0.0
         if stage == 0:
             overhead += self.embedding_s
         if stage < self.num_stages - 1:
-            comm += self.p2p_s(tokens)  # activation send into the next stage
+            send = self.p2p_s(tokens)  # activation send into the next stage
+            if self.placement is not None:   # over the network when the next stage is on another node
+                send = self.placement.send_s(stage, self.act_bytes * tokens, send)
+            comm += send
         else:
             linear += self.lm_head_s
+            if self.lm_seq_s > 0.0:   # the LM head's compute floor (as StageTimer.times adds it)
+                extra = float(st.num_prefill + st.num_decode) * self.lm_seq_s - self.lm_head_s
+                if extra > 0.0:
+                    linear += extra
             overhead += self.sample_s
             comm += self.logits_gather_s(st.num_prefill + st.num_decode)
         return StepTime(linear, attention, comm, overhead)

@@ -24,13 +24,19 @@ class StageTimer:
     added to the last stage. The attention coefficients are the profile's (ms), with the scaling
     factors `s_comp` (prefill) and `s_mem` (decode) and the decode wave padding (profiled.py).
     `overhead_s(st)`: the iteration's host time (scheduler CPU per iteration and per request,
-    token broadcast)."""
+    token broadcast).
+
+    The roofline floor (sim/latency/roofline.py) of the per-batch terms, 0 = off: `pair_ms`, ms per
+    causal (query, key) pair of prefill attention at peak; `kv_ms`, ms per KV-cache token read at the
+    HBM bandwidth (prefill and decode attention); `lm_seq_s`, seconds of LM head per sampled sequence
+    at peak, against the last stage's `lm_head_s` (already in its parts)."""
 
     def __init__(self, parts_of: Callable[[int], Any], num_stages: int, s_comp: float, s_mem: float,
                  prefill: dict, decode: dict, wave_frac: float, kv_heads: int, sm_count: float,
                  cpu_s: float, cpu_per_req_s: float, broadcast_s: float,
                  gather_s: Callable[[int], float] | None = None,
-                 parts: dict[int, tuple[tuple[int, float, float, float], ...]] | None = None) -> None:
+                 parts: dict[int, tuple[tuple[int, float, float, float], ...]] | None = None,
+                 pair_ms: float = 0.0, kv_ms: float = 0.0, lm_head_s: float = 0.0, lm_seq_s: float = 0.0) -> None:
         self.parts_of = parts_of
         self.num_stages = num_stages
         # Every number is held as a float and the batch's sums are read as floats: exact for
@@ -51,25 +57,53 @@ class StageTimer:
         self.cpu_per_req_s = float(cpu_per_req_s)
         self.broadcast_s = float(broadcast_s)
         self.gather_s = gather_s
+        self.pair_ms = float(pair_ms)
+        self.kv_ms = float(kv_ms)
+        self.lm_head_s = float(lm_head_s)
+        self.lm_seq_s = float(lm_seq_s)
         # `parts`: a cache of `parts_of` to share with other timers of the same profile and stages
         self._parts: dict[int, tuple[tuple[int, float, float, float], ...]] = {} if parts is None else parts
         self._zeros = (0.0,) * num_stages
 
     def attention_s(self, st: Any) -> float:
         """One layer's attention time for the batch (seconds)."""
-        t = 0.0
-        if st.num_prefill:
-            t += self.s_comp * (self.p_a + self.p_c * float(st.prefill_tokens) + self.p_c2 * float(st.sum_c2)
-                                + self.p_cp * float(st.sum_cp))
+        npre = int(st.num_prefill)
         n = int(st.num_decode)
+        c = c2 = cp = ctx = 0.0
+        if npre:
+            c = float(st.prefill_tokens)
+            c2 = float(st.sum_c2)
+            cp = float(st.sum_cp)
         if n:
             ctx = float(st.sum_decode_ctx)
+        return self._attention_ms(npre, c, c2, cp, n, ctx) / 1e3
+
+    def _attention_ms(self, npre: int, c: float, c2: float, cp: float, n: int, ctx: float) -> float:
+        """One layer's attention (ms) of `npre` prefill pieces (c tokens, sums c^2 and c p) and `n` decodes
+        (context sum `ctx`): the fitted formulas, scaled, at least their roofline floor."""
+        t = 0.0
+        if npre:
+            pre = self.s_comp * (self.p_a + self.p_c * c + self.p_c2 * c2 + self.p_cp * cp)
+            if self.pair_ms > 0.0:   # the roofline floor: causal FLOPs at peak, KV bytes at the HBM bandwidth
+                flops = self.pair_ms * (cp + 0.5 * (c2 + c))
+                if flops > pre:
+                    pre = flops
+                if c > 0.0:
+                    mem = self.kv_ms * (c + cp / c)
+                    if mem > pre:
+                        pre = mem
+            t += pre
+        if n:
+            raw = ctx
             if self.wave_frac > 0:
                 h, w = self.kv_heads, self.sm_count
                 padded = math.ceil(n * h / w) * w / h
                 ctx = (1 - self.wave_frac) * ctx + self.wave_frac * (ctx / n) * padded
-            t += self.s_mem * (self.d_a + self.d_ctx * ctx)
-        return t / 1e3
+            dec = self.s_mem * (self.d_a + self.d_ctx * ctx)
+            if self.kv_ms * raw > dec:   # the roofline floor: every context token's KV read once
+                dec = self.kv_ms * raw
+            t += dec
+        return t
 
     def overhead_s(self, st: Any) -> float:
         """Critical-path host time of one iteration whose slot runs `st` (None: an empty turn)."""
@@ -78,16 +112,33 @@ class StageTimer:
         return self.cpu_s + self.cpu_per_req_s * float(st.num_prefill + st.num_decode) + self.broadcast_s
 
     def times(self, st: Any) -> tuple[float, ...]:
-        tokens = int(st.prefill_tokens + st.num_decode)
-        if tokens <= 0:
+        pt = int(st.prefill_tokens)
+        nd = int(st.num_decode)
+        if pt + nd <= 0:
             return self._zeros
+        tokens = pt + nd + int(st.pad_tokens)  # the linear layers compute a CUDA graph's padding rows too
         parts = self._parts.get(tokens)
         if parts is None:
             parts = tuple([(int(n), float(lin), float(comm), float(ov)) for n, lin, comm, ov in self.parts_of(tokens)])
             self._parts[tokens] = parts
-        att = self.attention_s(st)
+        # attention_s, with each field of the batch read once
+        npre = int(st.num_prefill)
+        c2 = cp = ctx = 0.0
+        if npre:
+            c2 = float(st.sum_c2)
+            cp = float(st.sum_cp)
+        if nd:
+            ctx = float(st.sum_decode_ctx)
+        att = self._attention_ms(npre, float(pt) if npre else 0.0, c2, cp, nd, ctx) / 1e3
         # same order of additions as StepTime.total_s
         times = tuple([lin + n * att + comm + ov for n, lin, comm, ov in parts])
-        if self.gather_s is not None:  # the logits all-gather depends on the sequences, not only the tokens
-            times = times[:-1] + (times[-1] + self.gather_s(st.num_prefill + st.num_decode),)
+        if self.lm_seq_s > 0.0 or self.gather_s is not None:
+            nseq = npre + nd
+            if self.lm_seq_s > 0.0:  # the LM head's compute floor on the last stage (profiled.stage_time)
+                extra = float(nseq) * self.lm_seq_s - self.lm_head_s
+                if extra > 0.0:
+                    n, lin, comm, ov = parts[-1]
+                    times = times[:-1] + ((lin + extra) + n * att + comm + ov,)
+            if self.gather_s is not None:  # the logits all-gather depends on the sequences, not only the tokens
+                times = times[:-1] + (times[-1] + self.gather_s(nseq),)
         return times

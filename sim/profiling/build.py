@@ -31,7 +31,7 @@ from sim.core import tomlio
 from sim.core.errors import DataError
 from sim.profiling.kernels import GEMM_OPS, KernelModel, gemm_shapes
 from sim.profiling.specs import (PROFILES, GpuSpec, Interconnect, ModelArch, load_gpu, load_interconnect,
-                               load_model)
+                               load_model, roofline_section)
 
 LAYER_COLS = ["qkv_proj", "o_proj", "gate_up_proj", "down_proj", "act", "rope", "rmsnorm_x2", "residual_add",
               "linear_ms", "layer_nonattn_ms"]
@@ -88,8 +88,29 @@ def gpu_scaling(gpu: GpuSpec) -> tuple[dict, list[dict]]:
     return vals, records
 
 
+def cap_at_link(vals: dict, how: str, records: list[dict], link_gbps: float, ic: Interconnect,
+                family: str) -> tuple[dict, str, list[dict]]:
+    """Bandwidths no faster than the link (a fit or a borrowed value above it is not physical, e.g. an
+    all-reduce fit of another GPU family): capped at `link_gbps` and said so in the derivation."""
+    capped = []
+    for key in ("p2p_bw_gbps", "allreduce_busbw_gbps"):
+        if vals[key] > link_gbps:
+            capped.append(f"{key} {vals[key]:g} GB/s capped at the link's {link_gbps:g} GB/s per direction "
+                          f"(profiles/interconnects/{ic.name}.toml [link], {family})")
+            vals[key] = link_gbps
+            records = [dict(r, value=link_gbps, status=f"{r.get('status', '')}; capped at the link bandwidth")
+                       if r.get("param") == key else r for r in records]
+    return vals, how + ("; " + "; ".join(capped) if capped else ""), records
+
+
 def comm_model(ic: Interconnect, km: KernelModel, tp: int) -> tuple[dict, str, list[dict]]:
-    """([comm] alpha-beta values, derivation text, [[fit]] records) of an interconnect for a GPU family."""
+    """([comm] alpha-beta values, derivation text, [[fit]] records) of an interconnect for a GPU family,
+    every bandwidth at most the link's (`cap_at_link`)."""
+    vals, how, records = _comm_model(ic, km, tp)
+    return cap_at_link(vals, how, records, ic.link_bw(km.family), ic, km.family)
+
+
+def _comm_model(ic: Interconnect, km: KernelModel, tp: int) -> tuple[dict, str, list[dict]]:
     if ic.families and km.family not in ic.families:
         raise DataError(f"--interconnect {ic.name!r}: no data for {km.family} GPUs; allowed for this GPU: "
                         f"{', '.join(allowed_interconnects(km))}")
@@ -207,7 +228,8 @@ def build_profile(model: ModelArch, gpu: GpuSpec, ic: Interconnect, tp: int, out
                   "intermediate_size": model.intermediate_size, "layer_params": model.layer_params,
                   "embedding_params": model.embedding_params, "dtype_bytes": model.dtype_bytes,
                   "gated_mlp": model.gated_mlp, "qkv_bias": model.qkv_bias,
-                  "tied_embeddings": model.tied_embeddings},
+                  "tied_embeddings": model.tied_embeddings,
+                  **({"context_length_tokens": model.context_length_tokens} if model.context_length_tokens else {})},
         "lookup": {"mode": scaling["lookup"]},
         "scaling": {"s_mem": scaling["s_mem"], "s_comp": scaling["s_comp"], "mem_bound_tokens": 128,
                     "comp_bound_tokens": 1024, "status": scaling["status"], "source": scaling["source"]},
@@ -215,6 +237,8 @@ def build_profile(model: ModelArch, gpu: GpuSpec, ic: Interconnect, tp: int, out
         "comm": {"model": "alpha-beta", "activation_bytes_per_token": 2 * model.hidden_size * model.dtype_bytes,
                  **comm},
         "memory": {"gpu_mem_gib": gpu.memory_gib, "m_init_gib": gpu.m_init_gib},
+        "roofline": roofline_section(gpu, ic, km.family),
+        "measured": measured_section(layer, km),
         "ground_truth": ground_truth_section(gpu),
         "derivation": {
             "layer_nonattn": (f"GEMMs from the {km.family} kernel model at (N, K) per op for TP{tp}: "
@@ -256,6 +280,22 @@ def build_profile(model: ModelArch, gpu: GpuSpec, ic: Interconnect, tp: int, out
         text += "\n[[fit]]\n" + tomlio.dumps(keep)
     (out / "meta.toml").write_text(text)
     return Profile.load(out)
+
+
+BEYOND = ("past each range the model follows the hardware: layer_nonattn linear in tokens at the least-squares "
+          "rate of the top half of the grid (never negative), attention at the fitted FLOP (prefill) and KV-byte "
+          "(decode) rates, communication linear in bytes; every part at least its roofline floor ([roofline], "
+          "profiles/FORMAT.md)")
+
+
+def measured_section(layer, km: KernelModel) -> dict:
+    """`[measured]`: the ranges the tables and fits cover (the grid, the family's attention points)."""
+    grid = [int(x) for x in layer.index]
+    out = {"tokens": [grid[0], grid[-1]], **km.meta["attention"].get("measured", {})}
+    out["source"] = (f"tokens: the {km.family} GEMM grid (profiles/kernels/{km.family}-gemm.csv); attention: the points "
+                     f"of the {km.family} attention fit (profiles/kernels/{km.family}.toml [attention])")
+    out["beyond"] = BEYOND
+    return out
 
 
 def resolve_model(name: str | None, config: str | None) -> ModelArch:

@@ -14,6 +14,7 @@ Readers raise `DataError` (one line, file and field named); nothing here times a
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -46,6 +47,7 @@ class ModelArch:
     tied_embeddings: bool = False
     dtype_bytes: int = 2
     source: str = ""
+    context_length_tokens: int = 0     # max_position_embeddings of the model's config.json (0: not known)
 
     @property
     def kernel_arch(self) -> Arch:
@@ -103,10 +105,11 @@ def model_from_table(m: dict, name: str, where: str) -> ModelArch:
     db = m.get("dtype_bytes", 2)
     if db not in (1, 2, 4):
         raise DataError(f"{where}: field 'dtype_bytes' must be 1, 2 or 4, got {db!r}")
+    ctx = _int(m, "context_length_tokens", where) if "context_length_tokens" in m else 0
     arch = ModelArch(name=name, **vals, gated_mlp=_bool(m, "gated_mlp", where, True),
                      qkv_bias=_bool(m, "qkv_bias", where, False),
                      tied_embeddings=_bool(m, "tied_embeddings", where, False), dtype_bytes=db,
-                     source=str(m.get("source", where)))
+                     source=str(m.get("source", where)), context_length_tokens=ctx)
     if arch.num_q_heads % arch.num_kv_heads:
         raise DataError(f"{where}: field 'num_kv_heads' ({arch.num_kv_heads}) must divide 'num_q_heads' "
                         f"({arch.num_q_heads})")
@@ -125,6 +128,9 @@ def load_model(name: str) -> ModelArch:
     cfg = read_toml(path, DataError)
     if not isinstance(cfg.get("model"), dict):
         raise DataError(f"{path}: missing table [model]")
+    if "context_length_tokens" not in cfg["model"]:
+        raise DataError(f"{path}: missing field 'context_length_tokens' (max_position_embeddings of the model's "
+                        "config.json)")
     return model_from_table(cfg["model"], name, str(path))
 
 
@@ -150,7 +156,8 @@ def model_from_hf_config(path: str | Path, name: str | None = None) -> ModelArch
     act = cfg.get("hidden_act", "silu")
     if act != "silu":
         raise DataError(f"{where}: field 'hidden_act' is {act!r}; allowed: 'silu' (gated MLP)")
-    for key in ("num_hidden_layers", "hidden_size", "intermediate_size", "num_attention_heads", "vocab_size"):
+    for key in ("num_hidden_layers", "hidden_size", "intermediate_size", "num_attention_heads", "vocab_size",
+                "max_position_embeddings"):
         if key not in cfg:
             raise DataError(f"{where}: missing field {key!r}")
     heads = _int(cfg, "num_attention_heads", where)
@@ -167,9 +174,10 @@ def model_from_hf_config(path: str | Path, name: str | None = None) -> ModelArch
              "qkv_bias": bool(cfg.get("attention_bias", mt == "qwen2")),
              "tied_embeddings": bool(cfg.get("tie_word_embeddings", False)),
              "dtype_bytes": 2,      # served in BF16/FP16 whatever the checkpoint's dtype
+             "context_length_tokens": cfg["max_position_embeddings"],
              "source": f"{path} (Hugging Face config.json, parsed offline)"}
     hf_to_ours = {"num_layers": "num_hidden_layers", "num_q_heads": "num_attention_heads",
-                  "num_kv_heads": "num_key_value_heads"}
+                  "num_kv_heads": "num_key_value_heads", "context_length_tokens": "max_position_embeddings"}
     try:
         return model_from_table(table, name or path.parent.name.lower() or "custom", where)
     except DataError as exc:
@@ -219,8 +227,8 @@ def load_gpu(name: str) -> GpuSpec:
     nums = {}
     for key in ("memory_gib", "m_init_gib", "hbm_bw_gbps", "bf16_tflops"):
         v = g.get(key)
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or v <= 0:
-            raise DataError(f"{where}: field {key!r} must be a positive number, got {v!r}")
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
+            raise DataError(f"{where}: field {key!r} must be a finite number > 0, got {v!r}")
         nums[key] = float(v)
     for key in ("kernel_data", "default_interconnect", "display"):
         if not isinstance(g.get(key), str):
@@ -243,6 +251,16 @@ class Interconnect:
     fallback_family: dict       # family -> family whose measurements stand in for a missing op
     source: str = ""
     calibration: str = ""
+    link_bw_gbps: dict = field(default_factory=dict)   # kernel family -> per-direction GB/s between two GPUs
+    link_source: str = ""
+
+    def link_bw(self, family: str, where: str = "") -> float:
+        """The per-direction bandwidth (GB/s) of the fastest link between two GPUs of `family`: the
+        communication floor."""
+        if family not in self.link_bw_gbps:
+            raise DataError(f"profiles/interconnects/{self.name}.toml [link]: no bw_gbps for {family} GPUs{where}; "
+                            f"present: {', '.join(sorted(self.link_bw_gbps)) or 'none'}")
+        return float(self.link_bw_gbps[family])
 
 
 def interconnect_names() -> list[str]:
@@ -255,10 +273,44 @@ def load_interconnect(name: str) -> Interconnect:
     kind = ic.get("kind")
     if kind not in ("fixed", "measured"):
         raise DataError(f"{path} [interconnect]: field 'kind' must be 'fixed' or 'measured', got {kind!r}")
+    link = cfg.get("link", {})
+    bws = link.get("bw_gbps", {}) if isinstance(link, dict) else None
+    if not isinstance(bws, dict) or not bws:
+        raise DataError(f"{path} [link]: field 'bw_gbps' must be a table of kernel family = GB/s per direction")
+    for fam, v in bws.items():
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
+            raise DataError(f"{path} [link]: field 'bw_gbps.{fam}' must be a finite number > 0, got {v!r}")
     return Interconnect(name=name, description=str(ic.get("description", "")), kind=kind,
                         values=dict(cfg.get("alpha_beta", {})), families=tuple(ic.get("families", ())),
                         fallback_family=dict(ic.get("fallback_family", {})), source=str(ic.get("source", "")),
-                        calibration=str(ic.get("calibration", "")))
+                        calibration=str(ic.get("calibration", "")), link_bw_gbps=dict(bws),
+                        link_source=str(link.get("source", "")))
+
+
+def base_gpu(family: str) -> GpuSpec:
+    """The GPU a kernel-data family was measured on: the spec of that family with no sibling-SKU scaling
+    (no calibration, s_mem = s_comp = 1). Its peaks bound the tables themselves (`ppsim profile check`)."""
+    found = []
+    for name in gpu_names():
+        g = load_gpu(name)
+        sc = g.scaling
+        if g.kernel_data == family and "calibration" not in sc and sc.get("s_mem", 1.0) == 1.0 \
+                and sc.get("s_comp", 1.0) == 1.0:
+            found.append(g)
+    if len(found) != 1:
+        raise DataError(f"profiles/gpus/: {len(found)} unscaled GPU specs with kernel_data = {family!r} "
+                        f"({', '.join(g.name for g in found) or 'none'}); exactly one is the hardware it was measured on")
+    return found[0]
+
+
+def roofline_section(gpu: GpuSpec, ic: Interconnect, family: str) -> dict:
+    """`[roofline]` of a profile on `gpu` over `ic` whose tables are `family` data (profiles/FORMAT.md)."""
+    base = base_gpu(family)
+    return {"gpu_spec": gpu.name, "bf16_tflops": gpu.bf16_tflops, "hbm_bw_gbps": gpu.hbm_bw_gbps,
+            "interconnect": ic.name, "link_bw_gbps": ic.link_bw(family, f" (--gpu {gpu.name})"),
+            "base_gpu_spec": base.name, "base_bf16_tflops": base.bf16_tflops, "base_hbm_bw_gbps": base.hbm_bw_gbps,
+            "source": (f"profiles/gpus/{gpu.name}.toml ({gpu.source}); link: profiles/interconnects/{ic.name}.toml "
+                       f"[link] ({ic.link_source}); tables measured on profiles/gpus/{base.name}.toml")}
 
 
 def weights_gib_per_gpu(m: ModelArch, tp: int, pp: int) -> float:
