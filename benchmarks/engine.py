@@ -5,7 +5,12 @@ An azure-conv-like load (the `azure-conv-synth` length model, Poisson arrivals) 
 the A100-40GB PCIe profile. Workload generation is excluded from the timing (it is done once
 per run, before the simulation, as in every sweep).
 
-Run: `python benchmarks/engine.py [--quick] [--repeats N] [--baseline REF] [--policies]`.
+Run: `python benchmarks/engine.py [--quick] [--repeats N] [--baseline REF] [--policies] [--engines]`.
+
+`--engines` times the serving engines' schedulers (sim/engine/schedulers/) side by side on the
+same points and prints each one's wall time over FastPP's (the issue's bound: 1.5x): PP=4 for
+fastpp, sglang and vllm-v1; TP=4 for all four (vllm-v0 runs pp = 1 only, with its own budget,
+max(context, 2048): its steps are whole prompts).
 
 `--policies` times, instead, the dynamic chunk controllers on an overloaded server (the runs a
 goodput search makes just above the goodput, where the waiting queue grows to thousands):
@@ -46,7 +51,7 @@ LAYOUTS = {
 POLICY_LAYOUTS = ("DCP_pred", "DCP_pred+DS")  # `--policies`: schemes on azure-conv (sim.core.schemes)
 
 
-def _table(layout: str, num: int, rate: float) -> dict:
+def _table(layout: str, num: int, rate: float, engine: str | None = None) -> dict:
     if layout in POLICY_LAYOUTS:
         import os
 
@@ -55,17 +60,24 @@ def _table(layout: str, num: int, rate: float) -> dict:
         os.environ.setdefault("PIPESIM_CACHE", "/work/shared/data/azure-llm-inference-2023")
         return scheme_table(layout, "qwen2.5-32b", {"name": "azure-conv", "num_requests": num, "rate_rps": rate},
                             seed=1)
-    return {"seed": 1, **LAYOUTS[layout],
-            "workload": {"name": "azure-conv-synth", "rate_rps": rate, "num_requests": num}}
+    import copy
+
+    table = {"seed": 1, **copy.deepcopy(LAYOUTS[layout]),
+             "workload": {"name": "azure-conv-synth", "rate_rps": rate, "num_requests": num}}
+    if engine is not None:
+        table["scheduler"]["engine"] = engine
+        if engine == "vllm-v0":
+            table["scheduler"]["chunk_size_tokens"] = 0  # its own default: no chunking
+    return table
 
 
-def bench(layout: str, num: int, rate: float, repeats: int) -> dict:
+def bench(layout: str, num: int, rate: float, repeats: int, engine: str | None = None) -> dict:
     """Best of `repeats` timed runs of one point, with the `sim` package found on sys.path."""
     from sim.core.config import config_from_table
     from sim.engine.run import run
     from sim.workloads import build_workload
 
-    cfg = config_from_table(_table(layout, num, rate))
+    cfg = config_from_table(_table(layout, num, rate, engine))
     reqs = build_workload(cfg.workload, seed=cfg.seed)
     # untimed warm-up: a short run imports what a run needs (lazily imported libraries too)
     run(cfg, requests=reqs[:20])
@@ -81,7 +93,7 @@ def bench(layout: str, num: int, rate: float, repeats: int) -> dict:
         engine = "compiled" if native.active() else "python"
     except ImportError:
         engine = "python"
-    return {"engine": engine, "layout": layout, "requests": num, "rate_rps": rate, "status": res.status,
+    return {"engine": engine, "scheduler": cfg.scheduler.engine, "layout": layout, "requests": num, "rate_rps": rate, "status": res.status,
             "wall_s": round(best, 3), "cpu_s": round(best_cpu, 3), "sim_s": round(res.end_s, 1), "iterations": iters,
             "requests_per_s": round(num / best), "iterations_per_s": round(iters / best)}
 
@@ -131,6 +143,23 @@ def compare(ref: str, points: list[tuple], rounds: int) -> list[dict]:
     return rows
 
 
+def engines_table(num: int, rates: list[float], repeats: int) -> None:
+    import pandas as pd
+
+    rows = []
+    for layout, engines in (("PP=4", ("fastpp", "sglang", "vllm-v1")), ("TP=4", ("fastpp", "sglang", "vllm-v1", "vllm-v0"))):
+        for rate in rates:
+            base = None
+            for eng in engines:
+                res = bench(layout, num, rate, repeats if num <= 400 else 1, eng)
+                base = res["wall_s"] if eng == "fastpp" else base
+                res["vs_fastpp"] = round(res["wall_s"] / base, 2)
+                rows.append(res)
+                print(res, flush=True)
+    print(pd.DataFrame(rows)[["scheduler", "layout", "requests", "rate_rps", "status", "wall_s", "iterations",
+                              "requests_per_s", "vs_fastpp"]].to_string(index=False))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="only the 400-request points")
@@ -138,6 +167,8 @@ def main() -> None:
     ap.add_argument("--baseline", metavar="REF", help="also time commit REF (git worktree) and print the ratio")
     ap.add_argument("--rate", type=float, action="append", help="arrival rates (default 4 and 8 req/s)")
     ap.add_argument("--layout", choices=list(LAYOUTS), action="append", help="layouts (default both)")
+    ap.add_argument("--engines", action="store_true",
+                    help="time the engines' schedulers side by side (ratio to fastpp)")
     ap.add_argument("--policies", action="store_true",
                     help="time DCP_pred and DCP_pred+DS on an overloaded azure-conv server instead")
     args = ap.parse_args()
@@ -151,6 +182,10 @@ def main() -> None:
         return
     sys.path.insert(0, str(ROOT))
     import pandas as pd
+
+    if args.engines:
+        engines_table(sizes[-1], args.rate or [4.0], args.repeats)
+        return
 
     rows = []
     for layout, num, rate in points:

@@ -25,8 +25,9 @@ LAYERS: dict[str, tuple[int, tuple[str, ...]]] = {
     "sim.workloads": (1, ()),
     "sim.latency": (1, ()),
     "sim.policies": (1, ()),
-    "sim.engine": (2, ()),
+    "sim.engine": (2, ("sim.profiling.cluster",)),  # the engine places ranks on a cluster (ARCHITECTURE.md)
     "sim.profiling": (2, ()),
+    "sim.profiling.cluster": (2, ("sim.profiling",)),
     "sim.outputs": (3, ()),
     "sim.studies": (4, ()),
     "experiments": (5, ()),

@@ -54,7 +54,10 @@ KEYS = [
     "slo.ttft_ms", "slo.tpot_ms", "slo.e2e_ms", "slo.ttft_percentile", "slo.stop_factor",
     "slo.stop_when_violated", "server.on_kv_exhausted", "workload.rate_rps", "workload.num_requests",
     "workload.rate", "workload.lengths.source", "workload.name", "bogus", "parallel.bogus",
+    "scheduler.engine", "scheduler.prefix_cache", "scheduler.block_size_tokens", "scheduler.cuda_graphs",
+    "scheduler.long_prefill_token_threshold", "scheduler.schedule_policy", "scheduler.overlap",
 ]
+ENGINE_VALUES = st.sampled_from(["fastpp", "sglang", "vllm-v1", "vllm-v0"])
 # Every case runs few requests, so that a legal value finishes quickly and a hang stands out.
 SMALL = ["--set", "workload.num_requests=6", "--no-iterations"]
 
@@ -78,9 +81,9 @@ def _run_case(tmp: Path, argv: list[str], names: tuple[str, ...]) -> str:
 
 def test_fuzz_config_overrides(tmp_path, fuzz_settings):
     @fuzz_settings
-    @given(st.lists(st.tuples(st.sampled_from(KEYS), VALUES), min_size=1, max_size=3))
-    def case(overrides):
-        argv = ["run", DEFAULT, *SMALL]
+    @given(st.lists(st.tuples(st.sampled_from(KEYS), VALUES), min_size=1, max_size=3), ENGINE_VALUES)
+    def case(overrides, engine):
+        argv = ["run", DEFAULT, *SMALL, "--set", f'scheduler.engine="{engine}"']
         for key, value in overrides:
             argv += ["--set", f"{key}={toml_value(value)}"]
         _run_case(tmp_path, argv, names=tuple(k for k, _ in overrides) + ("--set",))

@@ -284,3 +284,15 @@ def test_jobs_beyond_the_cores_are_capped_with_a_warning():
     with contextlib.redirect_stderr(err):
         assert jobs("1000") == n
     assert f"--jobs 1000 capped at this machine's {n} cores" in err.getvalue()
+
+
+@pytest.mark.parametrize("out, needle", [("profiles/a100-pcie-40gb/qwen2.5-32b/tp1", "did not build"),
+                                         (".", "project's root"),
+                                         ("profiles/built/h100-sxm-80gb/llama-3.1-8b/tp1", "--force")])
+def test_profile_build_never_overwrites_a_shipped_profile_or_the_project(out, needle, monkeypatch):
+    monkeypatch.chdir(REPO)
+    before = {p: p.read_bytes() for p in (REPO / out).glob("*") if p.is_file()}
+    code, _, err = invoke(["profile", "build", "--model", "llama-3.1-8b", "--gpu", "h100-sxm-80gb", "--tp", "1",
+                           "--out", out])
+    assert code == 2 and needle in one_line(err)
+    assert {p: p.read_bytes() for p in (REPO / out).glob("*") if p.is_file()} == before

@@ -41,9 +41,12 @@ def test_named_files_exist_with_kind_and_description():
     for name in available_workloads():
         with (WORKLOADS_DIR / f"{name}.toml").open("rb") as fh:
             table = tomllib.load(fh)
-        assert table["kind"] in ("trace", "poisson", "synthetic-uniform"), name
+        assert table["kind"] in KINDS, name
         assert table.get("description", "").strip(), f"{name} has no description"
-    assert set(workload_kinds.names()) == {"trace", "poisson", "synthetic-uniform"}
+    assert set(workload_kinds.names()) == set(KINDS)
+
+
+KINDS = ("trace", "poisson", "synthetic-uniform", "conversation", "shared-prefix")
 
 
 @pytest.mark.parametrize("name", SAMPLED)

@@ -41,8 +41,10 @@ def add_commands(sub) -> None:
     p = sub.add_parser("gate", help="statistical A/B gate of two policies on paired seeds (for CI)",
                        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("config", help="run config (TOML) both sides share: deployment, workload, SLO, seed")
-    p.add_argument("--baseline", required=True, metavar="SIDE", help="scheme name or TOML overlay")
-    p.add_argument("--candidate", required=True, metavar="SIDE", help="scheme name or TOML overlay")
+    p.add_argument("--baseline", required=True, metavar="SIDE",
+                   help="scheme name, TOML overlay, or engine:NAME (the config under another engine's scheduler)")
+    p.add_argument("--candidate", required=True, metavar="SIDE",
+                   help="scheme name, TOML overlay, or engine:NAME (e.g. engine:vllm-v1)")
     p.add_argument("--metric", required=True, choices=list(METRICS))
     p.add_argument("--expect", default="better", choices=list(EXPECTATIONS), help="default: better")
     p.add_argument("--margin", default="5%", help="non-inferiority margin, %% of the baseline mean (default 5%%)")
@@ -96,7 +98,13 @@ def side_table(spec: str, base: dict, flag: str) -> tuple[str, dict]:
     table = copy.deepcopy(base)
     table.setdefault("scheduler", {}).pop("rebalancer", None)
     path = Path(spec)
-    if spec.endswith(".toml") or path.is_file():
+    if spec.startswith("engine:"):  # the serving engine as the axis: the same config, another scheduler
+        table["scheduler"]["engine"] = spec.split(":", 1)[1]
+        from sim.engine.schedulers import engine
+
+        engine(table["scheduler"]["engine"], where=flag)
+        label, where = spec, flag
+    elif spec.endswith(".toml") or path.is_file():
         from sim.core.tomlio import read_toml
 
         overlay = read_toml(path, ConfigError, f"{flag}: overlay file not found")

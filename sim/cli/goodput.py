@@ -25,6 +25,8 @@ def add_commands(sub) -> None:
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override; repeatable")
     p.add_argument("--rates", default="1:10",
                    help="rates to sweep (req/s), LO:HI[:STEP] inclusive, fractions allowed (default 1:10)")
+    p.add_argument("--engine", default=None, metavar="ENGINE",
+                   help="the serving engine's scheduler: fastpp (default), sglang, vllm-v1, vllm-v0 (same as --set scheduler.engine=...)")
     p.add_argument("--slo", action="append", default=[], metavar="METRIC:pQ:MS",
                    help="an SLO at any percentile, e.g. ttft:p99:1000 (metrics: ttft, tpot, e2e); repeatable")
     p.add_argument("--tol", type=TOL, default=0.05, help="bisection tolerance in req/s (default 0.05)")
@@ -52,7 +54,8 @@ def cmd_goodput(args) -> int:
     )
 
     rates = parse_rates(args.rates)
-    base = load_table(args.config, args.set + slo_overrides(args.slo))
+    engine = [f'scheduler.engine="{args.engine}"'] if args.engine else []
+    base = load_table(args.config, args.set + engine + slo_overrides(args.slo))
     if not args.tol > 0:
         raise ConfigError(f"--tol must be > 0 (req/s), got {args.tol}")
     if args.seeds < 1:
@@ -61,6 +64,9 @@ def cmd_goodput(args) -> int:
 
     base = add_to_table(base, args.plugin)  # carried to the workers
     cfg = config_from_table(base, args.config)  # validates the config and the overrides
+    from sim.engine.schedulers import engine as engine_of
+
+    engine_of(cfg.scheduler.engine)
     from sim.outputs.context import describe, format_header
 
     context = describe(cfg)

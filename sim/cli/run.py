@@ -35,6 +35,9 @@ SUMMARY_KEYS = (
 )
 
 
+CLUSTER_KEYS = ("mode", "gpus", "nodes_used", "mean_kv_transfer_ms", "p99_kv_transfer_ms", "mean_kv_wait_ms",
+                "kv_link_utilisation_max")
+
 
 def _fmt(v) -> str:
     if isinstance(v, float):
@@ -68,12 +71,16 @@ def cmd_run(args) -> int:
         raise PipeSimError("--limit applies to --trace FILE only")
     from sim.core.slo import slo_overrides
 
-    table = apply_overrides(table, args.set + slo_overrides(args.slo))
+    engine = [f'scheduler.engine="{args.engine}"'] if args.engine else []
+    table = apply_overrides(table, args.set + engine + slo_overrides(args.slo))
     if args.trace and "rate_rps" in table["workload"]:
         # A rate given for a trace means Poisson arrivals over its rows (a ShareGPT file has no times).
         if not any(o.strip().startswith("workload.arrivals") for o in args.set):
             table["workload"]["arrivals"] = "poisson"
     cfg = config_from_table(add_to_table(table, args.plugin), args.config)
+    from sim.engine.schedulers import engine
+
+    engine(cfg.scheduler.engine)  # an unknown engine is refused before anything is printed
     window = _parse_window(args.window) if args.window else None
     out = Path(args.out)
     # the new run is written beside --out and swapped in only once complete: a refused or
@@ -115,6 +122,7 @@ def run_warnings(summary: dict) -> list[str]:
     n = summary.get("num_clipped_outputs") or 0
     if n:
         out.append(f"{n} output(s) were clipped to fit the context length (requests.csv: clipped_output)")
+    out += list(summary.get("placement_warnings") or [])  # TP groups spanning nodes (sim/engine/cluster.py)
     return out
 
 
@@ -181,6 +189,9 @@ def _print_summary(summary: dict, cfg, out: Path) -> None:
     extra = [k for k in cfg.slo.keys() if k not in SUMMARY_KEYS]
     for k in (*SUMMARY_KEYS, *extra):
         print(f"{k:<{width}}  {_fmt(summary.get(k))}")
+    for k in CLUSTER_KEYS:  # multi-node and disaggregated runs only (sim/outputs/cluster.py)
+        if k in summary:
+            print(f"{k:<{width}}  {_fmt(summary.get(k))}")
     print(f"{'slo':<{width}}  {summary['slo']}")
     if summary["reason"]:
         print(f"{'reason':<{width}}  {summary['reason']}")
@@ -193,6 +204,8 @@ def add_commands(sub) -> None:
     p.add_argument("config", help="run config (TOML), e.g. experiments/configs/default.toml")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config key (dotted path; value parsed as TOML); repeatable")
+    p.add_argument("--engine", default=None, metavar="ENGINE",
+                   help="the serving engine's scheduler: fastpp (default), sglang, vllm-v1, vllm-v0 (same as --set scheduler.engine=...)")
     p.add_argument("--slo", action="append", default=[], metavar="METRIC:pQ:MS",
                    help="an SLO at any percentile, e.g. ttft:p99:1000 (metrics: ttft, tpot, e2e); repeatable")
     p.add_argument("--out", required=True, help="output folder (new or empty; --force replaces an earlier run)")

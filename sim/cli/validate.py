@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+
 VALIDATE_EPILOG = """examples:
   ppsim validate --bench-log sglang_0101_1000_sharegpt.jsonl       # bench_serving --output-details
   ppsim validate --bench-log vllm-4.0qps-Qwen2.5-32B.json --config experiments/configs/tp4.toml
@@ -29,6 +30,8 @@ def add_commands(sub) -> None:
     p.add_argument("--config", default=None, help="run config of the deployment (default: the embedded default)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override; repeatable")
     p.add_argument("--units", default="s", help="units of the lists in the log: s (default) or ms")
+    p.add_argument("--engine", default=None, metavar="ENGINE",
+                   help="scheduler to simulate (default: the one the log's backend names, else the config's)")
     p.add_argument("--json", action="store_true", help="print the comparison as JSON records")
     p.set_defaults(func=cmd_validate)
 
@@ -43,7 +46,7 @@ def cmd_validate(args) -> int:
     config = args.config or str(REPO / "experiments" / "configs" / "default.toml")
     # The headers say what was simulated; with --json they go to stderr, stdout stays JSON.
     echo = (lambda text: print(text, file=sys.stderr)) if args.json else print
-    df = validate(args.bench_log, args.workload, config, args.set, args.units, echo=echo)
+    df = validate(args.bench_log, args.workload, config, args.set, args.units, echo=echo, engine=args.engine)
     if args.json:
         records = df.astype(object).where(df.notna(), None).to_dict(orient="records")  # NaN -> null
         print(json.dumps(records, indent=1))

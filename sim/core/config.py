@@ -16,6 +16,8 @@ allowed). `--set a.b=value` overrides parse `value` as a TOML value.
     [server]    on_kv_exhausted = "exit" | "retract"
     [workload]  name = "<file in workloads/>" and overrides, or an inline kind (sim.workloads)
     [plugins]   modules = ["my_policy.py", "my_pkg.policies"]   (user plug-ins, sim.core.plugins)
+    [cluster]   nodes, gpus_per_node, network, interconnect, gpu, nics_per_node   (sim.core.cluster_config)
+    [disaggregation] kv_transfer, first_token, decode_reserve_tokens, [.prefill] and [.decode] pools
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from typing import Any, Mapping
 from sim.core.checks import number
 from sim.core.errors import ConfigError
 from sim.core.slo import SLO as SLOConfig  # noqa: F401  (the [slo] section; re-exported)
+from sim.core.cluster_config import DisaggConfig, check_cluster_table  # [cluster], [disaggregation]
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -78,22 +81,57 @@ class ParallelConfig:
             raise ConfigError(f"{where}: [parallel] router must be one of: {', '.join(ROUTERS)}; got {self.router!r}")
 
 
+ENGINES = ("fastpp", "sglang", "vllm-v1", "vllm-v0")
+FASTPP_CHUNK_TOKENS = 2048  # the artifact's default chunk (its launch scripts' --chunked-prefill-size)
+
+
 @dataclass(frozen=True)
 class SchedulerConfig:
-    chunk_size_tokens: int = bounded(2048, 1, MAX_TOKENS, integer=True)
+    """The serving engine's scheduler. `engine` picks the scheduler (sim/engine/schedulers/, one
+    module each, with its source version); the knobs below it are the engines' own, and each
+    engine's defaults are in sim/engine/schedulers/README.md."""
+
+    # 0: the engine's default token budget per step (FastPP's 2048; SGLang's chunked_prefill_size
+    # and vLLM's max_num_batched_tokens by GPU memory), resolved when the run starts
+    chunk_size_tokens: int = bounded(0, 0, MAX_TOKENS, integer=True)
     context_length_tokens: int = bounded(16384, 8, MAX_TOKENS, integer=True)
-    mem_fraction: float = bounded(0.9, 0, 1, lo_open=True)
+    # the share of GPU memory the engine may use (SGLang's mem_fraction_static, vLLM's
+    # gpu_memory_utilization); None: the engine's default (FastPP 0.9; SGLang's by GPU memory)
+    mem_fraction: float | None = bounded(None, 0, 1, lo_open=True)
     kv_tokens: int = bounded(0, 0, 1 << 34, integer=True)  # 0: computed from the profile's memory model
-    max_running_requests: int = bounded(0, 0, 1 << 24, integer=True)  # 0: as SGLang derives it from the pool
+    max_running_requests: int = bounded(0, 0, 1 << 24, integer=True)  # 0: the engine's own default
     chunk_policy: PolicySpec = field(default_factory=PolicySpec)
     rebalancer: PolicySpec | None = None
+    engine: str = "fastpp"
+    prefix_cache: bool | None = None  # None: as the engine ships (on for sglang and vllm-v1)
+    block_size_tokens: int = bounded(16, 1, 4096, integer=True)  # vLLM's block_size
+    long_prefill_token_threshold: int = bounded(0, 0, MAX_TOKENS, integer=True)  # vLLM V1; 0: off
+    max_prefill_tokens: int = bounded(16384, 1, MAX_TOKENS, integer=True)  # SGLang
+    schedule_policy: str = "fcfs"  # SGLang: "fcfs" (its default) or "lpm"
+    cuda_graphs: bool | None = None  # CUDA-graph padding of small batches; None: as the engine ships
+    overlap: bool | None = None  # SGLang's overlap scheduler; None: as the engine ships (on when pp = 1)
+    ignore_eos: bool = True  # what the benchmark client sends (SGLang's bench_serving: true)
+
+    def __post_init__(self) -> None:
+        # FastPP's default chunk is known without the hardware: resolved here, so a FastPP
+        # config reads (and writes out) the same 2048 as before engines were a choice
+        if self.chunk_size_tokens == 0 and self.engine == "fastpp":
+            object.__setattr__(self, "chunk_size_tokens", FASTPP_CHUNK_TOKENS)
+        if self.mem_fraction is None and self.engine in ("fastpp", "vllm-v1", "vllm-v0"):
+            # FastPP's launch scripts and vLLM's gpu_memory_utilization: 0.9
+            object.__setattr__(self, "mem_fraction", 0.9)
 
     def validate(self, where: str) -> None:
-        if self.chunk_size_tokens < 1:
+        # (the engine's name is checked against the scheduler registry when the run starts:
+        # plug-in engines register there too)
+        if self.schedule_policy not in ("fcfs", "lpm"):
+            raise ConfigError(f"{where}: [scheduler] schedule_policy must be one of: fcfs, lpm; got "
+                              f"{self.schedule_policy!r}")
+        if self.chunk_size_tokens < 1 and self.engine == "fastpp":
             raise ConfigError(f"{where}: [scheduler] chunk_size_tokens must be >= 1, got {self.chunk_size_tokens}")
         if self.context_length_tokens < 8:
             raise ConfigError(f"{where}: [scheduler] context_length_tokens must be >= 8")
-        if not 0 < self.mem_fraction <= 1:
+        if self.mem_fraction is not None and not 0 < self.mem_fraction <= 1:
             raise ConfigError(f"{where}: [scheduler] mem_fraction must be in (0, 1], got {self.mem_fraction}")
         if self.kv_tokens < 0 or self.max_running_requests < 0:
             raise ConfigError(f"{where}: [scheduler] kv_tokens and max_running_requests must be >= 0")
@@ -166,6 +204,9 @@ class RunConfig:
     server: ServerConfig = field(default_factory=ServerConfig)
     workload: Mapping[str, Any] = field(default_factory=dict)
     plugins: PluginsConfig = field(default_factory=PluginsConfig)
+    # multi-node placement and prefill/decode pools (sim/core/cluster_config.py; None: absent, one node)
+    cluster: Mapping[str, Any] | None = None
+    disaggregation: DisaggConfig | None = None
 
     def validate(self, where: str) -> None:
         if self.horizon_s < 0:
@@ -176,6 +217,16 @@ class RunConfig:
             raise ConfigError(f"{where}: missing section [workload]")
         for sec in (self.parallel, self.scheduler, self.latency, self.slo, self.server):
             sec.validate(where)
+        if self.cluster is not None:
+            check_cluster_table(self.cluster, where)
+        if self.disaggregation is not None:
+            self.disaggregation.validate(where)
+            if self.cluster is None:
+                raise ConfigError(f"{where}: [disaggregation] needs a [cluster] table (nodes, gpus_per_node, network) "
+                                  f"to place its pools and cost the KV transfer")
+            if (self.parallel.pp, self.parallel.tp, self.parallel.replicas) != (1, 1, 1):
+                raise ConfigError(f"{where}: [parallel] pp, tp and replicas do not apply with [disaggregation]; "
+                                  f"allowed: instances, tp and pp in [disaggregation.prefill] and [disaggregation.decode]")
 
     def to_dict(self) -> dict[str, Any]:
         return _to_plain(dataclasses.asdict(self))

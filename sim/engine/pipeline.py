@@ -342,8 +342,10 @@ class Pipeline:
                 idle_turns = 0
             inflight.appendleft(mb)
             if mb is None and not any(inflight):
-                # NOTE: the artifact's idle path resets the token-ratio estimate.
-                sched.new_token_ratio = INIT_NEW_TOKEN_RATIO
+                # NOTE: the artifact's idle path resets the token-ratio estimate (SGLang 0.5.23
+                # resets it only when fully idle: above).
+                if sched.reset_ratio_on_empty_batch:
+                    sched.new_token_ratio = INIT_NEW_TOKEN_RATIO
                 running = any(sl.running for sl in sched.slots)
                 if not running and sched.chunked is None and (sched.waiting or sched.pending):
                     idle_turns += 1
@@ -362,6 +364,10 @@ class Pipeline:
             go, self.go = self.go, env.event()
             # NOTE: models without a per-batch host cost charge the constant overhead on every turn
             host_s = overhead if overhead_of is None else overhead_of(mb.stats if mb is not None else None)
+            if sched.overlap_host and mb is not None:
+                # SGLang's overlap scheduler: the host work runs while the GPU computes, so only
+                # what exceeds the step's GPU time remains on the critical path
+                host_s = max(0.0, host_s - max(mb.stage_s))
             if noise is not None:
                 self.factors, stall_s = noise.next()
                 host_s += stall_s

@@ -39,6 +39,9 @@ class RequestArrays:
     arrival_s: np.ndarray  # float64
     prompt_tokens: np.ndarray  # int64
     output_tokens: np.ndarray  # int64
+    # each request's prompt identity for prefix caching ((piece id, tokens) pairs; None for a
+    # request without one), or None when no request has one (sim/engine/prefix_cache.py)
+    pieces: tuple | None = None
 
     @classmethod
     def of(cls, specs) -> "RequestArrays":
@@ -46,10 +49,12 @@ class RequestArrays:
         if isinstance(specs, RequestArrays):
             return specs
         n = len(specs)
+        pieces = tuple(getattr(s, "prefix", None) for s in specs)
         return cls(np.fromiter((s.req_id for s in specs), np.int64, n),
                    np.fromiter((s.arrival_s for s in specs), np.float64, n),
                    np.fromiter((s.prompt_tokens for s in specs), np.int64, n),
-                   np.fromiter((s.output_tokens for s in specs), np.int64, n))
+                   np.fromiter((s.output_tokens for s in specs), np.int64, n),
+                   pieces if any(p is not None for p in pieces) else None)
 
     def __len__(self) -> int:
         return len(self.arrival_s)
@@ -58,7 +63,7 @@ class RequestArrays:
         from sim.workloads import RequestSpec
 
         return RequestSpec(int(self.req_id[i]), float(self.arrival_s[i]), int(self.prompt_tokens[i]),
-                           int(self.output_tokens[i]))
+                           int(self.output_tokens[i]), None if self.pieces is None else self.pieces[i])
 
 
 class ItlPool:
@@ -227,7 +232,7 @@ class RequestTable:
             "num_chunks": np.zeros(n, dtype=np.int32), "num_retractions": np.zeros(n, dtype=np.int32),
             "slot": np.full(n, -1, dtype=np.int32), "replica": np.zeros(n, dtype=np.int32),
             "kv_held": np.zeros(n, dtype=np.int32), "prefix_len": np.zeros(n, dtype=np.int32),
-            "max_itl_s": nan.copy(),
+            "max_itl_s": nan.copy(), "cached_tokens": np.zeros(n, dtype=np.int32),
         }
 
     def __len__(self) -> int:
@@ -243,6 +248,8 @@ class RequestTable:
                   int(inp.output_tokens[row]), self.max_req_input_len, self.max_req_len)
         req.row = row
         req.keep_itls = self.keep_itls
+        if inp.pieces is not None:
+            req.pieces = inp.pieces[row]
         self.live[row] = req
         self.next_row = row + 1
         return req
@@ -260,6 +267,7 @@ class RequestTable:
         c["replica"][i] = req.replica
         c["kv_held"][i] = req.kv_held
         c["prefix_len"][i] = req.prefix_len
+        c["cached_tokens"][i] = req.cached_tokens
         if req.itls and self.keep_itls:
             c["max_itl_s"][i] = max(req.itls)
 

@@ -16,7 +16,7 @@ from sim.engine.lockstep import Lockstep, LockstepChunkPolicy, LockstepGuard, Lo
 from sim.engine.pipeline import Inbox, Pipeline, SLOGuard
 from sim.engine.records import IterationLog
 from sim.engine.requests import RequestArrays, RequestTable
-from sim.engine.schedulers.fastpp import Scheduler
+from sim.engine.schedulers import EngineSettings, Hardware, engine as engine_for
 from sim.core.errors import ConfigError
 from sim.latency.base import latency_models
 from sim.latency.constant import ConstantLatencyModel  # noqa: F401  (registers "constant")
@@ -48,7 +48,7 @@ class RunResult:
     host_s: list = field(default_factory=list)  # per iteration: host time before the stages start
 
 
-def build_latency(cfg: RunConfig):
+def build_latency(cfg: RunConfig, placement=None):
     lat, pp = cfg.latency, cfg.parallel.pp
     if lat.kind == "constant":
         return ConstantLatencyModel(pp, lat.stage_ms, lat.overhead_ms)
@@ -61,7 +61,8 @@ def build_latency(cfg: RunConfig):
         raise ConfigError(
             f"config [parallel] tp = {cfg.parallel.tp} but profile {lat.profile} is for tp = {profile.tp}"
         )
-    return ProfiledLatencyModel(profile, pp, noise_cv=lat.noise_cv, seed=cfg.seed, variance=lat.variance)
+    return ProfiledLatencyModel(profile, pp, noise_cv=lat.noise_cv, seed=cfg.seed, variance=lat.variance,
+                                placement=placement)
 
 
 _PROFILES: dict[tuple, Profile] = {}
@@ -83,20 +84,39 @@ def load_profile_cached(path) -> Profile:
     return profile
 
 
-def pool_sizes(cfg: RunConfig, latency) -> tuple[int, int, int, int]:
-    """(kv tokens per stage, max_running_requests, max_req_len, max_req_input_len) as SGLang."""
+def hardware(cfg: RunConfig, latency) -> Hardware:
+    """What the engine's defaults depend on, read from the profile's metadata."""
+    meta = getattr(getattr(latency, "profile", None), "meta", None) or {}
+    spec = str(meta.get("roofline", {}).get("gpu_spec") or meta.get("profile", {}).get("gpu_spec") or "")
+    mem = meta.get("memory", {}).get("gpu_mem_gib", 0.0)
+    return Hardware(gpu_spec=spec, gpu_mem_gib=float(mem or 0.0), tp=cfg.parallel.tp, pp=cfg.parallel.pp)
+
+
+def pool_sizes(cfg: RunConfig, latency, eng=None, settings: EngineSettings | None = None,
+               hw: Hardware | None = None) -> tuple[int, int, int, int]:
+    """(kv tokens per stage, max_running_requests, max_req_len, max_req_input_len), as the
+    engine sizes them (FastPP and SGLang: SGLang's profile_max_num_token and max_running_requests;
+    vLLM: its gpu_memory_utilization share less the activations of a full step)."""
     sc = cfg.scheduler
     kv = sc.kv_tokens
+    frac = sc.mem_fraction
+    if frac is None and eng is not None and hasattr(eng, "mem_fraction"):
+        frac = eng.mem_fraction(settings, hw)
     if kv == 0:
-        if not hasattr(latency, "kv_capacity_tokens") or latency.kv_capacity_tokens(sc.mem_fraction) is None:
+        if not hasattr(latency, "kv_capacity_tokens") or latency.kv_capacity_tokens(frac) is None:
             raise ConfigError("config [scheduler] kv_tokens must be set when the latency model has no memory model")
-        kv = latency.kv_capacity_tokens(sc.mem_fraction)
+        kv = latency.kv_capacity_tokens(frac)
+        if eng is not None and hasattr(eng, "kv_reserved_tokens"):
+            kv -= eng.kv_reserved_tokens(settings, latency, hw)
     if kv <= 0:
-        raise ConfigError(f"config [scheduler] mem_fraction = {sc.mem_fraction}: the model does not fit in GPU "
+        raise ConfigError(f"config [scheduler] mem_fraction = {frac}: the model does not fit in GPU "
                           f"memory at pp = {cfg.parallel.pp}, tp = {cfg.parallel.tp} (KV pool <= 0 tokens); "
                           f"allowed: a larger mem_fraction (<= 1), pp or tp")
     max_num_reqs = min(max(int(kv / sc.context_length_tokens * 512), 2048), 4096)
-    max_running = sc.max_running_requests or min(kv // 2, max_num_reqs + 1)
+    if settings is not None and settings.engine.startswith("vllm"):
+        max_running = settings.max_running  # max_num_seqs: a count limit, not derived from the pool
+    else:
+        max_running = sc.max_running_requests or min(kv // 2, max_num_reqs + 1)
     max_req_len = min(sc.context_length_tokens - 1, kv - 1)
     return kv, max_running, max_req_len, max_req_len - 5
 
@@ -117,18 +137,35 @@ def run(cfg: RunConfig, requests: list[RequestSpec] | RequestArrays | None = Non
     load_plugins(cfg.plugins.modules)  # idempotent; this is how worker processes get them
     if requests is None:
         requests = build_workload(cfg.workload, seed=cfg.seed)
+    if cfg.disaggregation is not None:  # prefill and decode pools (sim/engine/disagg.py)
+        from sim.engine.disagg import run_disaggregated
+
+        return run_disaggregated(cfg, requests, keep_iterations=keep_iterations, alt_slos=alt_slos, itls=itls)
     arrays = RequestArrays.of(requests)
     del requests  # the arrays hold the workload; a list of RequestSpec is ~150 bytes a request
     latency = build_latency(cfg)
-    kv, max_running, max_req_len, max_input = pool_sizes(cfg, latency)
+    placed, latencies = None, None
+    if cfg.cluster is not None:  # multi-node: each replica costs its own placement (sim/engine/cluster.py)
+        from sim.engine.cluster import place_run
+
+        placed, latencies = place_run(cfg, latency, lambda comm: build_latency(cfg, comm))
+        latency = latencies[0]
     sc = cfg.scheduler
+    eng = engine_for(sc.engine)
+    hw = hardware(cfg, latency)
+    settings = eng.settings(sc, hw)
+    if sc.rebalancer is not None and sc.engine != "fastpp":
+        raise ConfigError(f"config [scheduler.rebalancer]: a rebalancer moves requests between FastPP's micro-batch "
+                          f"slots; engine {sc.engine!r} has none; allowed: engine = 'fastpp', or no rebalancer")
+    kv, max_running, max_req_len, max_input = pool_sizes(cfg, latency, eng, settings, hw)
+    budget = settings.token_budget
     # start-up profiling draws from its own streams, so it never shifts the run's draws
     make_noise = getattr(latency, "make_noise", None)
     startup_noise = make_noise("startup") if make_noise else None
     def context_of(slo, noise) -> PolicyContext:
         return PolicyContext(
             num_stages=cfg.parallel.pp, slo_ttft_s=slo.ttft_ms / 1e3, slo_tpot_s=slo.tpot_ms / 1e3,
-            launch_chunk_tokens=sc.chunk_size_tokens, kv_capacity_tokens=kv,
+            launch_chunk_tokens=budget, kv_capacity_tokens=kv,
             startup_profile=lambda c: startup_profile(latency, c, kv, max_req_len, noise=noise),
             context_length_tokens=sc.context_length_tokens,
         )
@@ -136,7 +173,7 @@ def run(cfg: RunConfig, requests: list[RequestSpec] | RequestArrays | None = Non
     context = context_of(cfg.slo, startup_noise)
     params = dict(sc.chunk_policy.params)
     if sc.chunk_policy.name == "static":
-        params.setdefault("chunk_size_tokens", sc.chunk_size_tokens)
+        params.setdefault("chunk_size_tokens", budget)
 
     def build_policies(ctx=context):
         """A fresh chunk controller (and rebalancer): every replica runs its own instances."""
@@ -188,10 +225,12 @@ def run(cfg: RunConfig, requests: list[RequestSpec] | RequestArrays | None = Non
             policy = LockstepChunkPolicy(policy, [a[0] for a in alts], lockstep)
             if rebalancer is not None:
                 rebalancer = LockstepRebalancer(rebalancer, [a[1] for a in alts], lockstep)
-        sched = Scheduler(cfg.parallel.pp, kv, max_running, policy.initial_chunk(), cfg.server.on_kv_exhausted)
+        sched = eng.build(settings, cfg.parallel.pp, kv, max_running, policy.initial_chunk(), cfg.server.on_kv_exhausted,
+                          sc)
         sched.on_finish = on_finish
         inbox = Inbox(env, table) if n == 1 else Inbox(env)
-        pipes.append(Pipeline(env, sched, latency, policy, inbox, cfg.horizon_s, rebalancer=rebalancer,
+        pipes.append(Pipeline(env, sched, latencies[i] if latencies else latency, policy, inbox, cfg.horizon_s,
+                              rebalancer=rebalancer,
                               slo_tpot_s=context.slo_tpot_s, guard=guard,
                               noise=make_noise("latency" if i == 0 else f"latency-replica{i}") if make_noise else None))
         if not keep_iterations:
@@ -223,14 +262,24 @@ def run(cfg: RunConfig, requests: list[RequestSpec] | RequestArrays | None = Non
         end_s=env.now, iteration_overhead_s=latency.iteration_overhead_s,
         host_s=log.columns["host_s"] if keep_iterations else [],
         extras={"stage_layers": list(getattr(latency, "layers", [])),
+                "engine": settings,
+                "engine_events": sorted(e for p in pipes for e in getattr(p.sched, "events", [])),
+                "prefix_cache": _cache_stats(pipes) if settings.prefix_cache else None,
                 "num_kv_exhausted": sum(p.sched.kv_exhausted_events for p in pipes),
                 # with a static chunk: this run is exactly the run at any chunk >= chunk_need
                 # unless the budget ever bound (sim/engine/schedulers/fastpp.py)
                 "chunk_bound": any(p.sched.chunk_bound for p in pipes),
                 "chunk_need": max(p.sched.chunk_need for p in pipes),
                 "alternates": ([a and not t for a, t in zip(lockstep.alive, guard.tripped)]
-                               if lockstep is not None else [False] * requested)},
+                               if lockstep is not None else [False] * requested),
+                **({"cluster": placed.describe(), "cluster_warnings": placed.warnings} if placed else {})},
     )
+
+
+def _cache_stats(pipes) -> dict:
+    """The prefix caches' counts, summed over the replicas (sim/engine/schedulers/cached.py)."""
+    keys = ("hit_tokens", "saved_tokens", "admitted_prompt_tokens", "evicted_tokens")
+    return {k: sum(getattr(p.sched, k, 0) for p in pipes) for k in keys}
 
 
 def route(env: simpy.Environment, table: RequestTable, pipes: list[Pipeline], policy: str):

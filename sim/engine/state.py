@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from array import array
+from typing import Any
 
 from sim.latency.base import BatchStats
 from sim.core.lazy import lazy
@@ -49,7 +50,7 @@ class Req:
         "out_len", "fill_len", "prefix_len", "slot", "state", "admit_s",
         "first_token_s", "finish_s", "num_chunks", "num_retractions", "truncated_prompt",
         "clipped_output", "finished", "replica", "last_token_s", "itls", "row", "kv_base", "seg_times", "seg_idx",
-        "keep_itls",
+        "keep_itls", "pieces", "cached_tokens", "tree_tokens", "cache_path",
     )
 
     def __init__(self, rid: int, arrival_s: float, prompt_len: int, output_len: int,
@@ -85,6 +86,13 @@ class Req:
         self.itls = array("d")
         self.keep_itls = True  # False: a run that keeps no gaps (`run(itls=False)`): `settle` writes none
         self.row = -1  # its row in the run's RequestTable (sim/engine/requests.py); -1: none
+        # Prefix caching (sim/engine/prefix_cache.py; engines with a cache only): the prompt's
+        # content pieces, the tokens its first admission found cached, the tokens it now holds
+        # through the cache (its locked path, `cache_path`) rather than as its own `kv_base`
+        self.pieces: Any = None
+        self.cached_tokens = 0
+        self.tree_tokens = 0
+        self.cache_path: Any = None
 
     @property
     def kv_held(self) -> int:
@@ -106,10 +114,17 @@ class Req:
         if last > start:
             self.kv_base += last - start
             if self.keep_itls:
-                # the same float subtractions as one gap per token (numpy's diff is elementwise)
-                view = np.frombuffer(times, dtype=np.float64, count=last - start + 1, offset=8 * start)
-                self.itls.frombytes(np.diff(view).tobytes())
-                del view  # (the view pins the array's buffer: it must not outlive this call)
+                # the same float subtractions as one gap per token (numpy's diff is elementwise):
+                # a short segment (engines whose prefill steps stall the decodes end many) in a
+                # plain loop, a long one with numpy
+                if last - start <= 16:
+                    itls = self.itls
+                    for k in range(start, last):
+                        itls.append(times[k + 1] - times[k])
+                else:
+                    view = np.frombuffer(times, dtype=np.float64, count=last - start + 1, offset=8 * start)
+                    self.itls.frombytes(np.diff(view).tobytes())
+                    del view  # (the view pins the array's buffer: it must not outlive this call)
             self.last_token_s = times[last]
         self.seg_times = None
 

@@ -46,6 +46,23 @@ class WaitingQueue(deque):
         self.remaining_tokens.popleft()
         return req
 
+    def appendleft(self, req: Req) -> None:
+        """To the head of the queue (vLLM puts a preempted request there)."""
+        super().appendleft(req)
+        self.prompt_tokens += req.prompt_len
+        self.arrival_s.appendleft(req.arrival_s)
+        self.prefix_tokens.appendleft(req.prefix_len)
+        self.remaining_tokens.appendleft(req.fill_len - req.prefix_len)
+
+    def remove(self, req: Req) -> None:
+        """Take `req` out wherever it is (SGLang's admission under a cache-aware policy)."""
+        i = next(k for k, r in enumerate(self) if r is req)
+        super().__delitem__(i)
+        self.prompt_tokens -= req.prompt_len
+        del self.arrival_s[i]
+        del self.prefix_tokens[i]
+        del self.remaining_tokens[i]
+
     def clear(self) -> None:
         super().clear()
         self.prompt_tokens = 0
@@ -56,4 +73,4 @@ class WaitingQueue(deque):
     def _unsupported(self, *args, **kwargs):
         raise NotImplementedError("WaitingQueue keeps its columns: use append/extend/popleft/clear")
 
-    appendleft = extendleft = pop = remove = insert = rotate = __setitem__ = __delitem__ = __iadd__ = _unsupported
+    extendleft = pop = insert = rotate = __setitem__ = __delitem__ = __iadd__ = _unsupported

@@ -96,8 +96,20 @@ def describe(cfg, requests: Sequence | None = None) -> dict[str, str]:
     dep = f"TP{par.tp} x PP{par.pp} x {par.replicas} replica{'s' if par.replicas > 1 else ''} = {gpus} GPUs"
     if par.replicas > 1:
         dep += f", {par.router} router"
+    dg = getattr(cfg, "disaggregation", None)
+    if dg is not None:
+        pools = [f"{n} {p.instances} x TP{p.tp} x PP{p.pp}" + (f" ({p.router})" if p.instances > 1 else "")
+                 for n, p in (("prefill", dg.prefill), ("decode", dg.decode))]
+        dep = (f"disaggregated: {', '.join(pools)} = {dg.gpus} GPUs; KV {dg.kv_transfer.replace('_', ' ')}, "
+               f"first token from the {dg.first_token} side")
     out["deployment"] = dep
-    policy = f"{sc.chunk_policy.name} (chunk {sc.chunk_size_tokens} tokens"
+    out["engine"] = describe_engine(sc)
+    cl = getattr(cfg, "cluster", None)
+    if cl is not None:
+        out["cluster"] = (f"{cl['nodes']} node{'s' if cl['nodes'] > 1 else ''} x {cl['gpus_per_node']} GPUs, "
+                          f"{cl.get('interconnect', 'the profile’s interconnect')} inside, {cl['network']} between")
+    chunk = f"{sc.chunk_size_tokens} tokens" if sc.chunk_size_tokens else "the engine's default budget"
+    policy = f"{sc.chunk_policy.name} (chunk {chunk}"
     policy += f", {_fmt_params(sc.chunk_policy.params)})" if sc.chunk_policy.params else ")"
     if sc.rebalancer:
         policy += f"; rebalancer {sc.rebalancer.name}"
@@ -111,6 +123,16 @@ def describe(cfg, requests: Sequence | None = None) -> dict[str, str]:
     if lat.kind == "profile" and lat.noise_cv:
         out["profile"] += f"; noise CV {lat.noise_cv:g}"
     return out
+
+
+def describe_engine(sc) -> str:
+    """The scheduler engine, its source version and whether its prefix cache is on."""
+    import importlib
+
+    module = {"fastpp": "fastpp", "sglang": "sglang", "vllm-v1": "vllm_v1", "vllm-v0": "vllm_v0"}.get(sc.engine)
+    version = getattr(importlib.import_module(f"sim.engine.schedulers.{module}"), "VERSION", "") if module else ""
+    cache = sc.prefix_cache if sc.prefix_cache is not None else sc.engine in ("sglang", "vllm-v1")
+    return f"{sc.engine} ({version}); prefix cache {'on' if cache else 'off'}"
 
 
 def format_header(ctx: Mapping[str, str]) -> str:

@@ -11,8 +11,10 @@ requests.csv: req_id, status (finished | running | waiting | failed | not_arrive
 admit_s, first_token_s, finish_s, prompt_tokens, output_tokens (requested), max_new_tokens
 (after the context clip), generated_tokens, ttft_ms, tpot_ms = (e2e - ttft)/(output - 1),
 e2e_ms, num_chunks, num_retractions, slot, truncated_prompt, clipped_output, replica,
-max_itl_ms (longest gap between two of its tokens), meets_ttft, meets_tpot, (meets_e2e when the SLO has
-an E2E objective), meets_slo.
+max_itl_ms (longest gap between two of its tokens), cached_tokens (engines with a prefix cache:
+tokens its first admission found cached), (a disaggregated run: prefill_instance, decode_instance,
+kv_tokens, kv_bytes, prefill_end_s, kv_ready_s, kv_wait_ms, kv_link_wait_ms, kv_transfer_ms;
+sim/engine/disagg.py), meets_ttft, meets_tpot, (meets_e2e when the SLO has an E2E objective), meets_slo.
 
 summary.json also carries the serving benchmarks' names with their definitions (vLLM's
 `mean_ttft_ms`, `median_tpot_ms`, `p99_itl_ms`, `mean_e2el_ms`, `request_throughput`,
@@ -77,6 +79,10 @@ def request_columns(result, slo: SLOConfig | None = None) -> dict:
         "truncated_prompt": c["truncated_prompt"], "clipped_output": c["clipped_output"], "replica": c["replica"],
         "max_itl_ms": c["max_itl_s"] * 1e3,
     }
+    if (getattr(result, "extras", None) or {}).get("prefix_cache") is not None:
+        cols["cached_tokens"] = c["cached_tokens"]  # served from the prefix cache at its first admission
+    # a disaggregated run's pools and KV transfer per request (sim/engine/disagg.py)
+    cols.update((getattr(result, "extras", None) or {}).get("request_columns", {}))
     cols["meets_ttft"] = finished & (ttft <= slo.ttft_ms)
     # NOTE: a one-token output has no TPOT (the artifact omits it); it cannot violate it.
     cols["meets_tpot"] = finished & (np.isnan(tpot) | (tpot <= slo.tpot_ms))
@@ -283,6 +289,18 @@ def summarize(result) -> dict:
     extras = getattr(result, "extras", {}) or {}
     out["num_kv_exhausted"] = int(extras.get("num_kv_exhausted", 0))
     out["stage_layers"] = list(extras.get("stage_layers", []))
+    eng = extras.get("engine")
+    if eng is not None:
+        out["engine"] = f"{eng.engine} ({eng.version})"
+        out["prefix_cache"] = bool(eng.prefix_cache)
+        out["token_budget_tokens"] = int(eng.token_budget)
+    cache = extras.get("prefix_cache")
+    if cache is not None:
+        # tokens served from the cache at first admissions / those requests' prompt tokens
+        denom = cache["admitted_prompt_tokens"]
+        out["prefix_hit_rate"] = cache["hit_tokens"] / denom if denom else 0.0
+        out["prefill_tokens_saved"] = int(cache["saved_tokens"])  # every admission, re-admissions too
+        out["cache_evicted_tokens"] = int(cache["evicted_tokens"])
     # a run that kept no inter-token gaps (`run(itls=False)`) has no ITL statistics
     itls = result.requests.itls.pooled_ms(np.flatnonzero(fin)) if getattr(result.requests, "keep_itls", True) else None
     finished = {k: req[k][fin] for k in ("generated_tokens", "prompt_tokens", "ttft_ms", "tpot_ms", "e2e_ms")}
@@ -290,4 +308,7 @@ def summarize(result) -> dict:
     from sim.profiling.provenance import profile_source
 
     out["profile_source"] = profile_source(result.config)
+    from sim.outputs.cluster import cluster_summary
+
+    out.update(cluster_summary(result))  # multi-node and disaggregated runs only (sim/outputs/cluster.py)
     return out

@@ -94,7 +94,8 @@ def make_report(run_dir: str | Path) -> tuple[Path, Path]:
     keys = ["status", "num_requests", "num_finished", "slo_attainment", "ttft_attainment", "tpot_attainment",
             "throughput_rps", "output_tokens_per_s", "bubble_fraction", "kv_capacity_tokens", "kv_peak_tokens",
             "num_retractions", "num_chunk_decisions", "num_rebalancer_moves", "duration_s", "saturated",
-            "saturated_since_s", "saturated_until_s", "sustained_throughput_rps", "num_kv_exhausted", "stage_layers"]
+            "saturated_since_s", "saturated_until_s", "sustained_throughput_rps", "num_kv_exhausted", "stage_layers",
+            "engine", "prefix_cache", "prefix_hit_rate", "prefill_tokens_saved", "cache_evicted_tokens"]
     lines = [f"# Run report: {run_dir}", ""]
     if banner:
         lines += [f"> **{banner}**", ""]

@@ -3,8 +3,11 @@
 `timeline.json` (open it in ui.perfetto.dev or chrome://tracing) has one process per replica
 and one track per stage; every micro-batch is a slice on each stage it crossed (name: mode
 and slot; args: tokens, prefill tokens, decode requests, chunk size), and controller
-decisions and rebalancer moves are instant events on a "scheduler" track. `timeline.png`
-draws the stages of a chosen time window as a Gantt chart: white gaps are pipeline bubbles.
+decisions and rebalancer moves are instant events on a "scheduler" track. A disaggregated run
+names its processes after the instances ("prefill 0", "decode 1") and adds a "KV transfers" process,
+one track per decode instance, each transfer a slice from its start to the KV's arrival (args: request,
+prefill instance, bytes). `timeline.png` draws the stages of a chosen time window as a Gantt chart: white
+gaps are pipeline bubbles (and, for a prefill instance, its KV transfers on a row below).
 """
 
 from __future__ import annotations
@@ -47,8 +50,11 @@ def trace_events(result) -> dict:
     events = []
     replicas = sorted(set(it.get("replica", [0])))
     num_stages = len(result.stage_busy[0]) if result.stage_busy else 0
+    extras = getattr(result, "extras", None) or {}
+    names = extras.get("instance_names")
     for rep in replicas:
-        events.append({"ph": "M", "name": "process_name", "pid": rep, "args": {"name": f"replica {rep}"}})
+        events.append({"ph": "M", "name": "process_name", "pid": rep,
+                       "args": {"name": names[rep] if names else f"replica {rep}"}})
         for s in range(num_stages):
             events.append({"ph": "M", "name": "thread_name", "pid": rep, "tid": s, "args": {"name": f"stage {s}"}})
         events.append({"ph": "M", "name": "thread_name", "pid": rep, "tid": num_stages, "args": {"name": "scheduler"}})
@@ -66,6 +72,21 @@ def trace_events(result) -> dict:
     for m in result.moves:
         events.append({"ph": "i", "s": "t", "pid": 0, "tid": num_stages, "ts": round(m[0] * 1e6, 3),
                        "name": f"{m[3]} req {m[2]}", "args": {"slot": m[1], "where": m[4]}})
+    for t, slot, rid, what in (getattr(result, "extras", None) or {}).get("engine_events", []):
+        # the engines' retractions and preemptions, and prefix-cache hits (sim/engine/schedulers/cached.py)
+        events.append({"ph": "i", "s": "t", "pid": 0, "tid": num_stages, "ts": round(t * 1e6, 3),
+                       "name": f"{what} req {rid}", "args": {"slot": slot}})
+    transfers = extras.get("kv_transfers") or []
+    if transfers:
+        pid = (max(replicas) + 1) if replicas else 0
+        events.append({"ph": "M", "name": "process_name", "pid": pid, "args": {"name": "KV transfers"}})
+        for d in sorted({t[2] for t in transfers}):
+            events.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": d, "args": {"name": f"to decode {d}"}})
+        for rid, p, d, start, end, nbytes in transfers:
+            ev = {"cat": "kv", "id": int(rid), "pid": pid, "tid": d, "name": f"KV req {rid}"}
+            events.append({**ev, "ph": "b", "ts": round(start * 1e6, 3),
+                           "args": {"request": int(rid), "prefill": p, "decode": d, "bytes": int(nbytes)}})
+            events.append({**ev, "ph": "e", "ts": round(end * 1e6, 3)})
     return {"traceEvents": events, "displayTimeUnit": "ms"}
 
 
@@ -85,7 +106,11 @@ def gantt(result, window: tuple[float, float], path: Path, replica: int = 0) -> 
     t0, t1 = window
     slices = [x for x in stage_slices(result) if x[0] == replica and x[3] >= t0 and x[2] <= t1]
     num_stages = len(result.stage_busy[0]) if result.stage_busy else 1
-    fig, ax = plt.subplots(figsize=(12, 0.6 * num_stages + 1.5))
+    extras = getattr(result, "extras", None) or {}
+    names = extras.get("instance_names")
+    kv = [t for t in extras.get("kv_transfers") or [] if names and names[replica] == f"prefill {t[1]}"
+          and t[4] >= t0 and t[3] <= t1]
+    fig, ax = plt.subplots(figsize=(12, 0.6 * (num_stages + bool(kv)) + 1.5))
     it = result.iterations
     for _, s, start, end, entry in slices:
         mode = it["mode"][entry]
@@ -93,13 +118,16 @@ def gantt(result, window: tuple[float, float], path: Path, replica: int = 0) -> 
                        edgecolor="black", linewidth=0.3)
         if (end - start) * 1e3 > (t1 - t0) * 1e3 / 60 and t0 <= (start + end) / 2 <= t1:
             ax.text((start + end) / 2 * 1e3, s, str(it["num_tokens"][entry]), ha="center", va="center", fontsize=6)
+    for k, (rid, _p, d, start, end, _b) in enumerate(kv):  # this prefill instance's KV transfers
+        ax.broken_barh([(start * 1e3, (end - start) * 1e3)], (num_stages - 0.4 + 0.2 * (k % 4), 0.2),
+                       color="#2ca02c", edgecolor="black", linewidth=0.3)
     ax.set_xlim(t0 * 1e3, t1 * 1e3)
-    ax.set_yticks(range(num_stages), [f"stage {s}" for s in range(num_stages)])
+    ax.set_yticks(range(num_stages + bool(kv)), [f"stage {s}" for s in range(num_stages)] + (["KV out"] if kv else []))
     ax.invert_yaxis()
     ax.set_xlabel("time (ms); numbers are tokens per micro-batch; white gaps are bubbles")
     handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in MODE_COLORS.values()]
     ax.legend(handles, list(MODE_COLORS), loc="upper right", fontsize=7, ncol=3)
-    ax.set_title(f"pipeline timeline, replica {replica}, {t0:.2f}-{t1:.2f} s")
+    ax.set_title(f"pipeline timeline, {names[replica] if names else f'replica {replica}'}, {t0:.2f}-{t1:.2f} s")
     from sim.core.fsio import save_figure
 
     save_figure(fig, path, dpi=120, bbox_inches="tight")

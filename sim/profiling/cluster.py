@@ -34,8 +34,9 @@ What it models
     destination shard's heads from a source shard that holds them, all pairs in parallel, each GPU's link
     serialising its own flows.
 
-Not modelled (yet): queueing of different transfers on one shared link (each cost is one transfer alone),
-switch hops and oversubscription of the fabric, congestion, GPUDirect-less staging through host memory.
+Each cost here is one transfer alone; the engine queues transfers on shared links (sim/engine/disagg.py
+keeps each link's busy-until time). Not modelled: switch hops and oversubscription of the fabric,
+congestion, GPUDirect-less staging through host memory.
 
 Sources of the fixed constants below: NCCL's tuning model (above). The network numbers are in the files.
 Readers raise `DataError` (network files) or `ConfigError` (a `[cluster]` table, a deployment that does not
@@ -618,8 +619,85 @@ class ClusterModel:
             busy[("in", b)] = busy.get(("in", b), 0.0) + nbytes / bw
         return alpha + max(busy.values(), default=0.0)
 
+    def link(self, src: GpuSlot, dst: GpuSlot) -> tuple[float, float, str]:
+        """(alpha seconds, bytes/s, "intra" or "net") of the link a send from src to dst uses."""
+        self._check_slot(src)
+        self._check_slot(dst)
+        alpha, bw = self._pair(src, dst)
+        return alpha, bw, "intra" if same_node(src, dst) else "net"
+
+    def kv_transfer_links(self, model: ModelArch, num_tokens: int, src: Sequence[Sequence[GpuSlot]],
+                          dst: Sequence[Sequence[GpuSlot]], src_layers: Sequence[int],
+                          dst_layers: Sequence[int]) -> tuple[float, dict[tuple[str, GpuSlot, str], float]]:
+        """The KV of `num_tokens` tokens from one pipeline instance to another: `src[s]` is the TP group of
+        source stage s holding `src_layers[s]` consecutive layers (likewise `dst`). Each destination stage
+        gets the layers it holds from the source stages that hold them (`kv_flows` per overlapping layer
+        range). Returns (alpha seconds: the largest of the links used, {(direction "out"/"in", GPU, link
+        kind "intra"/"net"): seconds that link is busy}); the transfer takes alpha + the busiest link's
+        seconds (`kv_transfer_time_s` for one stage on each side)."""
+        if len(src) != len(src_layers) or len(dst) != len(dst_layers) or not src or not dst:
+            raise ConfigError(f"cluster: KV transfer stages and layer counts must pair up; got {len(src)} source "
+                              f"stages for {len(src_layers)} layer counts, {len(dst)} for {len(dst_layers)}")
+        if sum(src_layers) != sum(dst_layers):
+            raise ConfigError(f"cluster: KV transfer source and destination hold different layer counts "
+                              f"({sum(src_layers)} and {sum(dst_layers)}); allowed: the same model on both sides")
+        starts_s = list(itertools.accumulate([0, *src_layers]))
+        starts_d = list(itertools.accumulate([0, *dst_layers]))
+        busy: dict[tuple[str, GpuSlot, str], float] = {}
+        alpha = 0.0
+        for s, group_s in enumerate(src):
+            for t, group_d in enumerate(dst):
+                overlap = min(starts_s[s + 1], starts_d[t + 1]) - max(starts_s[s], starts_d[t])
+                if overlap <= 0:
+                    continue
+                for (i, j), nbytes in kv_flows(model, num_tokens, len(group_s), len(group_d), overlap).items():
+                    a, b = group_s[i], group_d[j]
+                    if a == b or not nbytes:
+                        continue
+                    pa, bw, kind = self.link(a, b)
+                    alpha = max(alpha, pa)
+                    busy[("out", a, kind)] = busy.get(("out", a, kind), 0.0) + nbytes / bw
+                    busy[("in", b, kind)] = busy.get(("in", b, kind), 0.0) + nbytes / bw
+        return alpha, busy
+
 
 def load_cluster_model(spec: ClusterSpec) -> ClusterModel:
     """Read the network file and the interconnect's values for `spec`."""
     return ClusterModel(spec, load_network(spec.network),
                         intra_node_link(spec.gpu, spec.interconnect, spec.gpus_per_node))
+
+
+# -- a latency profile's hardware and model (what a run's [cluster] defaults to) --------------------------------
+
+# Hand-built profile families (profiles/<family>/) and the GPU spec / interconnect they were measured on
+# (sim.profiling.library.HAND_BUILT, the other way round).
+HAND_BUILT_HARDWARE = {"a100-pcie-40gb": ("a100-pcie-40gb", "pcie-p2p-disabled"),
+                       "a100-sxm-80gb-nvswitch": ("a100-sxm-80gb", "nvswitch")}
+
+
+def profile_hardware(meta: dict, folder: str | Path) -> tuple[str | None, str | None]:
+    """(GPU spec, interconnect) a profile was built or measured for: a built profile's `[profile] gpu_spec`
+    and `interconnect`, a hand-built one's family folder (profiles/<family>/<model>/tp<T>); None: unknown."""
+    prof = meta.get("profile", {}) if isinstance(meta.get("profile"), dict) else {}
+    gpu, ic = prof.get("gpu_spec"), prof.get("interconnect")
+    fam = HAND_BUILT_HARDWARE.get(Path(folder).resolve().parent.parent.name)
+    if fam is not None:
+        gpu, ic = gpu or fam[0], ic or fam[1]
+    return (gpu if isinstance(gpu, str) else None), (ic if isinstance(ic, str) else None)
+
+
+def model_of_profile(meta: dict, where: str) -> ModelArch:
+    """The model architecture a profile's `[model]` section describes (what KV transfers need)."""
+    m = meta.get("model")
+    if not isinstance(m, dict):
+        raise DataError(f"{where}: missing section [model]")
+    name = str(meta.get("profile", {}).get("model", "model")) if isinstance(meta.get("profile"), dict) else "model"
+    vals = {}
+    for key in ("num_layers", "hidden_size", "num_q_heads", "num_kv_heads", "head_dim", "vocab_size"):
+        v = m.get(key)
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise DataError(f"{where} [model]: field {key!r} must be an integer >= 1, got {v!r}")
+        vals[key] = v
+    return ModelArch(name=name, intermediate_size=int(m.get("intermediate_size", 0) or 0),
+                     dtype_bytes=int(m.get("dtype_bytes", 2)), **vals)
+

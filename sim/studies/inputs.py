@@ -1,8 +1,9 @@
 """What a sweep point depends on beyond its config table, and how fast its load could go.
 
 - `input_digest(table)`: a hash of the contents of every file the point reads: the latency
-  profile's tables and metadata, the named workload's TOML, its trace file, and the source of
-  every plug-in it loads. A point's cache identity (sim/studies/sweep.py) includes it, so an
+  profile's tables and metadata (a disaggregated point's pool profiles too), the named workload's
+  TOML, its trace file, the source of every plug-in it loads, and a `[cluster]`'s network file (and
+  its named interconnect and GPU specs). A point's cache identity (sim/studies/sweep.py) includes it, so an
   input edited in place at the same path is simulated again instead of served stale. It does
   not cover PipeSim's own code: after changing the simulator, start a new cache.
 - `ceiling_rps(table)`: a rate no deployment can sustain: the one whose tokens alone (prompt
@@ -58,6 +59,25 @@ def input_files(table: dict) -> list[Path]:
         prof = Path(str(lat.get("profile", "profiles/a100-pcie-40gb/qwen2.5-32b/tp1")))
         prof = prof if prof.is_absolute() else REPO_ROOT / prof
         files += [prof / f for f in PROFILE_FILES]
+        # a disaggregated run's pools may run other profiles (sim/engine/disagg.py: sibling_profile)
+        dg = table.get("disaggregation") if isinstance(table.get("disaggregation"), dict) else {}
+        for name in ("prefill", "decode"):
+            pool = dg.get(name) if isinstance(dg.get(name), dict) else None
+            if pool is None:
+                continue
+            from sim.engine.disagg import sibling_profile
+
+            pp_ = Path(str(pool.get("profile") or sibling_profile(str(prof), int(pool.get("tp", 1) or 1))))
+            pp_ = pp_ if pp_.is_absolute() else REPO_ROOT / pp_
+            files += [pp_ / f for f in PROFILE_FILES]
+    cl = table.get("cluster") if isinstance(table.get("cluster"), dict) else None
+    if cl is not None:  # the network's numbers, the interconnect's and GPU's specs (sim/profiling/cluster.py)
+        from sim.profiling.specs import PROFILES
+
+        files.append(PROFILES / "networks" / f"{cl.get('network')}.toml")
+        for key, folder in (("interconnect", "interconnects"), ("gpu", "gpus")):
+            if isinstance(cl.get(key), str):
+                files.append(PROFILES / folder / f"{cl[key]}.toml")
     wl = table.get("workload") if isinstance(table.get("workload"), dict) else {}
     merged = dict(wl)
     if "name" in wl and "kind" not in wl:
@@ -101,7 +121,8 @@ def _input_files_of(sections: str) -> tuple[Path, ...]:
 def input_digest(table: dict) -> str:
     """A digest of the contents of `input_files(table)` (each file re-hashed when its size or
     modification time changes)."""
-    sections = json.dumps({k: table.get(k) for k in ("latency", "workload", "plugins")}, sort_keys=True)
+    sections = json.dumps({k: table.get(k) for k in ("latency", "workload", "plugins", "cluster", "disaggregation")},
+                          sort_keys=True)
     h = hashlib.sha256()
     for f in _input_files_of(sections):
         h.update(f"{f}\0{file_digest(f)}\n".encode())
@@ -144,6 +165,8 @@ def ceiling_rps(table: dict) -> float:
     if cfg.latency.kind != "profile":
         return math.inf
     gpus = cfg.parallel.tp * cfg.parallel.pp * cfg.parallel.replicas
+    if cfg.disaggregation is not None:  # prefill and decode pools (the same model on the same GPU)
+        gpus = cfg.disaggregation.gpus
     peak = _deployment_peak_tokens_per_s(str(cfg.latency.profile_path()), gpus)
     if peak is None:
         return math.inf

@@ -74,6 +74,8 @@ SUMMARY_FIELDS = (
     "num_rebalancer_moves", "bubble_ms_per_iter", "total_bubble_s", "prefill_tokens_per_s", "output_tokens_per_s",
     "slo_ttft_ms", "slo_tpot_ms", "slo_e2e_ms", "slo", "meets_slo", "num_late_requests", "saturated",
     "sustained_throughput_rps",
+    # multi-node and disaggregated runs (sim/outputs/cluster.py; absent: None)
+    "mode", "gpus", "nodes_used", "mean_kv_transfer_ms", "p99_kv_transfer_ms", "kv_link_utilisation_max",
 )
 # Percentiles an SLO names besides P50/P90/P99 (e.g. p95_ttft_ms) travel with the summary too.
 PERCENTILE_KEY = re.compile(r"^(late_)?p[0-9.]+_(ttft|tpot|e2e)_ms$")

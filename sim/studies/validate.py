@@ -83,6 +83,8 @@ def parse_result(path: Path, line: int, rec: Any, scale: float) -> dict:
     if isinstance(burst, bool) or not isinstance(burst, (int, float)) or not burst > 0:
         raise DataError(f"{path}: line {line}: field 'burstiness' must be a positive number, got {burst!r}")
     out["burstiness"] = float(burst)
+    backend = rec.get("backend")
+    out["backend"] = backend if isinstance(backend, str) else None
     out["max_concurrency"] = rec.get("max_concurrency")
     for name, key in METRICS:
         for stat, word in STATS:
@@ -236,9 +238,28 @@ def assumptions(real: dict, path: Path, workload: str | None) -> tuple[str, str]
     return src, arr
 
 
+# The engine a log's `backend` names: vLLM's benchmark_serving / `vllm bench serve` write
+# "vllm" (V1 is vLLM's engine since 0.8; `--engine vllm-v0` replays an older log), SGLang's
+# bench_serving "sglang" (the current scheduler; the FastPP artifact's fork writes none).
+BACKEND_ENGINES = {"vllm": "vllm-v1", "openai": "vllm-v1", "sglang": "sglang", "sglang-native": "sglang"}
+
+
+def engine_for_log(real: dict, path: Path, engine: str | None) -> tuple[str | None, str]:
+    """(engine to simulate, why): `--engine` wins, else the one the log's backend names, else
+    the config's."""
+    if engine:
+        return engine, "--engine"
+    backend = real.get("backend")
+    if backend in BACKEND_ENGINES:
+        return BACKEND_ENGINES[backend], f"the log's backend {backend!r} ({path} line {real['line']})"
+    return None, "the config's (the log names no backend)"
+
+
 def validate(log_path, workload: str | None, config_path, overrides: list[str], units: str = "s",
-             echo=print) -> pd.DataFrame:
-    """Simulate every result of the log and compare; `echo` gets each result's header."""
+             echo=print, engine: str | None = None) -> pd.DataFrame:
+    """Simulate every result of the log and compare; `echo` gets each result's header. The
+    scheduler is the engine the log names (`engine_for_log`), so a vLLM log runs a vLLM
+    scheduler and says so."""
     from sim.core.config import load_config
     from sim.outputs.context import describe, format_header
     from sim.engine.run import run
@@ -251,6 +272,10 @@ def validate(log_path, workload: str | None, config_path, overrides: list[str], 
         if workload is None and "lengths" not in real:
             raise ConfigError(f"{path}: line {real['line']}: the log has no per-request input_lens/output_lens "
                               "(run the benchmark with --output-details / --save-detailed), so give --workload NAME")
+        chosen, why = engine_for_log(real, path, engine)
+        if chosen is not None:
+            overrides = [o for o in overrides if not o.strip().startswith("scheduler.engine")]
+            overrides = list(overrides) + [f'scheduler.engine="{chosen}"']
         cfg = load_config(config_path, overrides)
         if workload:
             rate = "inf" if math.isinf(real["request_rate"]) else real["request_rate"]
@@ -262,6 +287,7 @@ def validate(log_path, workload: str | None, config_path, overrides: list[str], 
             requests = log_requests(real, cfg.seed)
         ctx = describe(cfg, requests)
         ctx["workload"], ctx["rate"] = assumptions(real, path, workload)
+        ctx["engine"] += f"; chosen by {why}"
         echo(format_header({"bench log": f"{path} line {real['line']}", **ctx}))
         result = run(cfg, requests)
         rows += compare(real, summarize(result))

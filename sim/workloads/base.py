@@ -28,6 +28,9 @@ class RequestSpec:
     arrival_s: float
     prompt_tokens: int
     output_tokens: int
+    # the prompt's identity for prefix caching: (piece id, tokens) pairs in order, e.g. a
+    # Mooncake trace's hash_ids or a conversation's earlier turns (sim/engine/prefix_cache.py)
+    prefix: tuple | None = None
 
 
 class WorkloadBuilder(Protocol):
@@ -47,6 +50,13 @@ class WorkloadBuilder(Protocol):
 # 32-bit token columns. A trace row beyond it is refused as a data error.
 MAX_REQUEST_TOKENS = 2**31 - 1
 
+def output_piece(rid: int) -> int:
+    """The piece id of request `rid`'s output: a conversation's next turn names its reply so
+    (sim/workloads/conversations.py), and the engines' prefix caches cache the output under it
+    (sim/engine/schedulers/cached.py); negative, so it never meets a trace's hash ids."""
+    return -(rid + 1)
+
+
 workload_kinds: Registry[Callable[..., list[RequestSpec]]] = Registry("workload kind")
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -64,15 +74,17 @@ def poisson_arrivals(num: int, rate_rps: float, rng: np.random.Generator) -> np.
     return np.concatenate([[0.0], np.cumsum(gaps)])
 
 
-def make_requests(arrivals_s, prompts, outputs) -> list[RequestSpec]:
-    """Zip arrays into RequestSpecs ordered by arrival (stable, so ties keep input order)."""
+def make_requests(arrivals_s, prompts, outputs, prefixes=None) -> list[RequestSpec]:
+    """Zip arrays into RequestSpecs ordered by arrival (stable, so ties keep input order);
+    `prefixes`, aligned with the inputs, gives each request's prefix identity."""
     order = np.argsort(np.asarray(arrivals_s, dtype=float), kind="stable")
     arr = np.asarray(arrivals_s, dtype=float)[order]
     pr = np.asarray(prompts)[order]
     out = np.asarray(outputs)[order]
-    return [
-        RequestSpec(i, float(a), int(p), int(o)) for i, (a, p, o) in enumerate(zip(arr, pr, out))
-    ]
+    if prefixes is None:
+        return [RequestSpec(i, float(a), int(p), int(o)) for i, (a, p, o) in enumerate(zip(arr, pr, out))]
+    pre = [prefixes[k] for k in order.tolist()]
+    return [RequestSpec(i, float(a), int(p), int(o), x) for i, (a, p, o, x) in enumerate(zip(arr, pr, out, pre))]
 
 
 def require(params: Mapping[str, Any], key: str, typ, where: str, *, positive: bool = False):

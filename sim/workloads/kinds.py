@@ -24,6 +24,7 @@ from sim.workloads.lengths import sample_lengths
 # and its file formats (sim.workloads.readers).
 from sim.workloads import trace as _trace  # noqa: F401,E402
 from sim.workloads import readers as _readers  # noqa: F401,E402
+from sim.workloads import conversations as _conversations  # noqa: F401,E402
 
 
 POISSON_KEYS = ("rate_rps", "num_requests", "lengths")

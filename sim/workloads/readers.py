@@ -79,10 +79,28 @@ def _readonly(trace: Trace) -> Trace:
 
 
 # --------------------------------------------------------------------------- mooncake
+MOONCAKE_BLOCK_TOKENS = 512  # one hash id per 512 prompt tokens (Mooncake's trace README: block_size 512)
+
+
+def _hash_pieces(ids: list, input_len: int) -> tuple:
+    """A Mooncake row's prefix identity: one piece per hash id, 512 tokens each but the last
+    (what is left of the prompt); ids beyond the prompt's length are ignored."""
+    out = []
+    left = input_len
+    for h in ids:
+        if left <= 0:
+            break
+        n = min(MOONCAKE_BLOCK_TOKENS, left)
+        out.append((h, n))
+        left -= n
+    return tuple(out)
+
+
 @lru_cache(maxsize=8)
 def _read_mooncake(path: str, _mtime: int, _size: int, unit: str) -> Trace:
     p = Path(path)
     times, prompts, outputs = [], [], []
+    pieces: list = []
     hashed = 0
     scale = 1e-3 if unit == "milliseconds" else 1.0
     # (read whole: its compression is sniffed and its UTF-8 checked, sim/core/textio.py)
@@ -103,10 +121,15 @@ def _read_mooncake(path: str, _mtime: int, _size: int, unit: str) -> Trace:
             if not _positive_int(rec[key]):
                 raise DataError(f"{p}: line {lineno}: field {key!r} must be an integer in [1, {MAX_REQUEST_TOKENS}], got {rec[key]!r}")
         ids = rec.get("hash_ids")
+        row_pieces = None
         if ids is not None:
-            if not isinstance(ids, list) or not all(isinstance(h, int) and not isinstance(h, bool) for h in ids):
-                raise DataError(f"{p}: line {lineno}: field 'hash_ids' must be a list of integers, got {ids!r}")
+            if not isinstance(ids, list) or not all(isinstance(h, int) and not isinstance(h, bool) and 0 <= h < 2**62
+                                                    for h in ids):
+                raise DataError(f"{p}: line {lineno}: field 'hash_ids' must be a list of integers in [0, 2^62), "
+                                f"got {ids!r:.80}")
             hashed += 1
+            row_pieces = _hash_pieces(ids, int(rec["input_length"]))
+        pieces.append(row_pieces)
         times.append(ts * scale)
         prompts.append(int(rec["input_length"]))
         outputs.append(int(rec["output_length"]))
@@ -115,9 +138,9 @@ def _read_mooncake(path: str, _mtime: int, _size: int, unit: str) -> Trace:
     t = np.asarray(times, dtype=float)
     note = f"Mooncake JSONL ({unit} timestamps)"
     if hashed:
-        note += f"; hash_ids on {hashed} rows read but not modelled (no prefix cache)"
+        note += f"; hash_ids on {hashed} rows: prefix identities for the engines' prefix caches"
     return _readonly(Trace(p, t - t[0], np.asarray(prompts, dtype=np.int64), np.asarray(outputs, dtype=np.int64),
-                           source=note))
+                           source=note, pieces=tuple(pieces) if hashed else None))
 
 
 @trace_formats.register("mooncake")

@@ -62,6 +62,7 @@ class Trace:
     outputs: np.ndarray
     has_times: bool = True  # False: the file records no arrival times (ShareGPT): Poisson only
     source: str = ""  # format and any rows a reader skipped on request, for headers and stats
+    pieces: tuple | None = None  # per row, the prompt's prefix identity (Mooncake hash_ids), or None
 
     def __len__(self) -> int:
         return len(self.times_s)
@@ -216,6 +217,11 @@ def _columns(params: Mapping[str, Any], where: str) -> dict[str, str]:
 
 def select_rows(trace: Trace, params: Mapping[str, Any], *, seed: int, where: str):
     """(arrival_s, prompts, outputs) of the workload `params` over `trace` (before swapping)."""
+    return _select(trace, params, seed=seed, where=where)[:3]
+
+
+def _select(trace: Trace, params: Mapping[str, Any], *, seed: int, where: str):
+    """`select_rows` and the trace rows it took."""
     mode = params.get("arrivals", "poisson")
     num = _opt(params, "num_requests", int, None, where)
     limit = _opt(params, "limit", int, None, where)
@@ -223,13 +229,13 @@ def select_rows(trace: Trace, params: Mapping[str, Any], *, seed: int, where: st
         if limit > len(trace):
             raise ConfigError(f"{where}: field 'limit' is {limit} but {trace.path} has {len(trace)} rows")
         trace = Trace(trace.path, trace.times_s[:limit], trace.prompts[:limit], trace.outputs[:limit],
-                      trace.has_times, trace.source)
+                      trace.has_times, trace.source, None if trace.pieces is None else trace.pieces[:limit])
     if mode == "poisson":
         rate = require(params, "rate_rps", float, where, positive=True)
         if num is not None and num > len(trace):
             raise ConfigError(f"{where}: field 'num_requests' is {num} but {trace.path} has {len(trace)} rows")
         idx = np.arange(len(trace) if num is None else num)
-        return poisson_arrivals(len(idx), rate, stream(seed, "arrivals")), trace.prompts[idx], trace.outputs[idx]
+        return poisson_arrivals(len(idx), rate, stream(seed, "arrivals")), trace.prompts[idx], trace.outputs[idx], idx
     if mode != "timestamps":
         raise ConfigError(f"{where}: field 'arrivals' must be one of: poisson, timestamps; got {mode!r}")
     if not trace.has_times:
@@ -261,7 +267,7 @@ def select_rows(trace: Trace, params: Mapping[str, Any], *, seed: int, where: st
         pick = stream(seed, "trace-sample").choice(len(idx), size=k, replace=False)
         idx = idx[np.sort(pick)]  # uniformly at random, in original order
     times = (trace.times_s[idx] - trace.times_s[idx[0]]) / speedup
-    return times, trace.prompts[idx], trace.outputs[idx]
+    return times, trace.prompts[idx], trace.outputs[idx], idx
 
 
 @workload_kinds.register("trace")
@@ -275,5 +281,8 @@ def build_trace(params: Mapping[str, Any], *, seed: int, where: str):
     path = resolve_trace_file(params.get("file"), where)
     fmt = params.get("format", "auto")
     trace = trace_formats.get(str(fmt), where=f"{where}: field 'format'")(path, params, where)
-    times, prompts, outputs = select_rows(trace, params, seed=seed, where=where)
-    return make_requests(times, outputs, prompts) if swap else make_requests(times, prompts, outputs)
+    times, prompts, outputs, idx = _select(trace, params, seed=seed, where=where)
+    if swap:  # (a swapped prompt is another text: its prefix identity does not carry over)
+        return make_requests(times, outputs, prompts)
+    pieces = None if trace.pieces is None else [trace.pieces[i] for i in idx.tolist()]
+    return make_requests(times, prompts, outputs, pieces)

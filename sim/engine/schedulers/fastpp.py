@@ -97,6 +97,10 @@ class Scheduler:
         # chunk run that was never bound is exactly the run of any chunk >= chunk_need.
         self.chunk_bound = False
         self.chunk_need = 0
+        # SGLang 0.4.1 resets the token ratio whenever no batch is formed (on_idle); 0.5.23 only
+        # when fully idle (the pipeline reads this)
+        self.reset_ratio_on_empty_batch = True
+        self.overlap_host = False  # SGLang's overlap scheduler hides host time (sglang.py)
 
     # ------------------------------------------------------------------ helpers
     def add_waiting(self, req: Req) -> None:
@@ -643,3 +647,42 @@ class PrefillAdder:
             self._take(cut, 0)
         self.admitted_last = 1
         return self.budget_state()
+
+
+# ---------------------------------------------------------------- the engine (sim/engine/schedulers/__init__.py)
+
+VERSION = "FastPP (fork of SGLang 0.4.1, radix cache off)"
+
+
+class FastPPEngine:
+    """The FastPP artifact's scheduler, PipeSim's default and calibrated engine."""
+
+    name = "fastpp"
+
+    def settings(self, sc: Any, hw: Any) -> Any:
+        from sim.core.errors import ConfigError
+        from sim.engine.schedulers import EngineSettings
+
+        if sc.prefix_cache:
+            raise ConfigError("config [scheduler] prefix_cache = true with engine 'fastpp': the artifact runs with "
+                              "the radix cache off and PipeSim models it so; allowed: false (or engine 'sglang')")
+        if sc.cuda_graphs:
+            raise ConfigError("config [scheduler] cuda_graphs = true with engine 'fastpp': its profiles were calibrated "
+                              "on the artifact's own runs, whatever graphs those replayed; allowed: false (or the "
+                              "sglang / vllm engines, whose padding is modelled)")
+        return EngineSettings(engine="fastpp", token_budget=sc.chunk_size_tokens, max_running=sc.max_running_requests,
+                              prefix_cache=False, cuda_graphs=False, overlap=False, capture_sizes=(),
+                              version=VERSION, note="radix cache off")
+
+    def build(self, settings: Any, num_slots: int, kv_tokens: int, max_running: int, chunk_size: int,
+              on_kv_exhausted: str, sc: Any) -> Scheduler:
+        return Scheduler(num_slots, kv_tokens, max_running, chunk_size, on_kv_exhausted)
+
+
+def _register() -> None:
+    from sim.engine.schedulers import schedulers
+
+    schedulers.register("fastpp")(FastPPEngine)
+
+
+_register()

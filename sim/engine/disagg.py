@@ -1,0 +1,578 @@
+"""Disaggregated prefill/decode serving (issue 34): a prefill pool and a decode pool of lock-step
+pipelines (`[disaggregation]`, sim/core/cluster_config.py), the prompt's KV cache shipped from one to the
+other over the cluster's links.
+
+Each instance is the co-located engine's own `Pipeline` and FastPP scheduler (any TP x PP: PP inside
+either pool works), placed on the `[cluster]` with the two pools one after the other
+(`sim.profiling.cluster.place`); its stages' sends and all-reduces are costed by where they sit
+(sim/engine/cluster.py). A request's life:
+
+1. **Routing.** When it arrives, a router per pool picks its prefill instance and its decode instance
+   (`round-robin`, or `least-loaded`: fewest requests routed there and not done), as SGLang's load
+   balancer picks the pair up front (sglang `python/sglang/srt/disaggregation/mini_lb.py`).
+2. **Prefill.** The prefill instance runs it as a request of one output token (vLLM's proxy sends the
+   prefill with `max_tokens = 1`, vllm `benchmarks/disagg_benchmarks/disagg_prefill_proxy_server.py`),
+   chunked by the pool's chunk policy. When its prefill finishes the instance keeps its KV (the tokens
+   stay allocated in its pool) until the decode side holds it.
+3. **Decode pre-allocation.** Once its prefill has started, the decode instance reserves the prompt's KV
+   in its own pool as soon as it has room for the prompt plus `decode_reserve_tokens` (default 512) for
+   every request it holds or receives, first come first served: SGLang's decode `PreallocQueue`
+   (`_allocatable_tokens`: free tokens less `num_reserved_decode_tokens` x (running + transfer + waiting),
+   sglang `python/sglang/srt/disaggregation/decode.py`). A prompt that cannot fit an empty decode pool
+   fails the run with the reason.
+4. **Transfer.** The KV bytes: each decode stage's layers from the prefill stages that hold them, each
+   destination TP shard's heads from a source shard holding them (`ClusterModel.kv_transfer_links`:
+   2 x layers x KV heads per shard x head_dim x dtype bytes x prompt tokens). The transfer occupies the
+   links it uses (each GPU's NIC out and in, or its NVLink inside a node, one queue per link, first booked
+   first served) for alpha + the busiest link's bytes / bandwidth.
+   - `kv_transfer = "after_prefill"` (vLLM's NIXL/Mooncake connectors, SGLang's default "forward then
+     send", DistServe's block migration): it starts when the prefill has ended, the decode side has
+     pre-allocated and its links are free.
+   - `"layerwise"` (Splitwise's per-layer transfer during the prompt phase; SGLang's layer-wise NIXL
+     path): it streams while the prefill computes, from its first chunk on (once pre-allocated and the
+     links are free), and ends no earlier than the prefill's end plus the last layer's share
+     (1 / layers of the busiest link's time) and alpha: only that tail and the link queueing are exposed.
+     The stream's link time is booked when the prefill ends (links are booked in that order).
+5. **Hand-off.** When the KV has arrived the decode instance holds it (its reservation becomes the
+   request's), and only then does the prefill instance free its copy: a request's KV has one owner at a
+   time. The request joins the decode instance's running requests at its next micro-batch (as a decode:
+   one token at its context).
+6. **First token** (`first_token`):
+   - `"decode"` (vLLM's disaggregated proxy streams the decode instance's output; SGLang's and Dynamo's
+     clients read the decode server): token 1 comes from the decode instance's first step after the KV
+     arrived (vLLM's connectors recompute the last prompt token, `num_computed_tokens = num_tokens - 1`),
+     so TTFT includes the prefill, the transfer and the decode side's first step. Every output token is
+     decoded on the decode side.
+   - `"prefill"` (DistServe's context stage emits token 1 at `ContextEnd`, before migration; Splitwise's
+     prompt phase produces it): TTFT ends with the prefill, and the transfer and the decode side's
+     queueing fall into the gap between tokens 1 and 2 (in TPOT and the ITLs). A one-token output
+     finishes at the prefill instance without a transfer.
+7. Decoding as in a co-located FastPP instance (KV exhaustion retracts: a retracted request is
+   prefilled again on its decode instance).
+
+Records: every request has one row in requests.csv (with `prefill_instance`, `decode_instance`,
+`kv_transfer_ms`: from the prefill's end, or the pre-allocation if later, to the KV's arrival: link
+queueing and the exposed transfer; `kv_wait_ms`: from the prefill's end to the decode side's
+pre-allocation, when it came later). The iterations of all instances are in one table, prefill
+instances first (`replica` = the instance's number over both pools; summary.json's `disaggregation` and the
+timeline name them), stages beyond an instance's PP empty; they are kept in memory (`run(keep_iterations=
+False)` does not spill them, as the pools' stage counts may differ).
+
+Not modelled: Dynamo's conditional disaggregation (short prompts prefilled on the decode side), KV-aware
+routing, prefix caches, control-plane latency (handshakes, polling), a decode instance's own prefills
+interfering beyond re-prefills after retraction. Pools run FastPP's scheduler (`[scheduler] engine =
+"fastpp"`). With a horizon the run stops at it.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections import deque
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import simpy
+
+from sim.core.config import ParallelConfig, PolicySpec, RunConfig
+from sim.core.errors import ConfigError
+from sim.core.lazy import lazy
+from sim.engine.cluster import PlacedRun, place_pools
+from sim.engine.pipeline import Inbox, Pipeline, SLOGuard
+from sim.engine.records import IterationLog
+from sim.engine.requests import RequestArrays, RequestTable
+from sim.engine.schedulers.fastpp import Scheduler
+from sim.engine.state import FINISHED, RUNNING, Req
+from sim.policies import PolicyContext
+from sim.policies.base import Move
+from sim.policies.guards import build_chunk_policy
+from sim.profiling.cluster import PoolShape, kv_transfer_bytes, model_of_profile
+
+np = lazy("numpy")
+
+POOLS = ("prefill", "decode")
+
+
+class DisaggFailed(Exception):
+    """The deployment cannot go on (a prompt larger than an empty decode pool)."""
+
+
+class PrefillScheduler(Scheduler):
+    """FastPP's scheduler on a prefill instance; it tells `on_start` when a request's first chunk is
+    scheduled (its requests are one-token shadows of the real ones)."""
+
+    on_start: Any = None
+
+    def form_batch(self, slot_idx: int, now_s: float, rebalance=None):
+        mb = super().form_batch(slot_idx, now_s, rebalance)
+        if mb is not None and self.on_start is not None:
+            for req, _new, prefix in mb.prefill:
+                if prefix == 0 and req.num_chunks == 1:
+                    self.on_start(req, now_s)
+        return mb
+
+
+class DecodeScheduler(Scheduler):
+    """FastPP's scheduler on a decode instance. Requests reach it only with their KV in its pool
+    (`add_waiting` is their way in from the inbox): they are held in its paused list and join the
+    running requests of the next slot it schedules (at most `max_running` per slot), as decodes."""
+
+    def add_waiting(self, req: Req) -> None:
+        self.pending.append(req)
+        self.num_active += 1
+        req.state = RUNNING
+        self.arrived_s.append(req.arrival_s)
+        self.arrived_prompt.append(req.prompt_len)
+
+    def form_batch(self, slot_idx: int, now_s: float, rebalance=None):
+        return super().form_batch(slot_idx, now_s, self._join if self.pending else rebalance)
+
+    def _join(self, slot_idx: int) -> list[Move]:
+        slot = self.slots[slot_idx]
+        room = self.max_running - (len(slot.running) if slot.running else 0)
+        return [Move(r.rid, False, False) for r in self.pending[:max(room, 0)]]
+
+
+class Flow:
+    """One request's way through the two pools (times in seconds; nan until it happens)."""
+
+    __slots__ = ("req", "shadow", "p", "d", "tokens", "start_s", "prefilled_s", "ready_s", "xfer_start_s",
+                 "landed_s", "link_wait_s", "bytes", "seq_hold", "seq_free", "owner")
+
+    def __init__(self, req: Req, shadow: Req, p: int, d: int) -> None:
+        self.req, self.shadow, self.p, self.d = req, shadow, p, d
+        self.tokens = shadow.prompt_len
+        nan = math.nan
+        self.start_s = self.prefilled_s = self.ready_s = self.xfer_start_s = self.landed_s = nan
+        self.link_wait_s = nan
+        self.bytes = 0
+        self.seq_hold = self.seq_free = -1
+        self.owner = ""  # "prefill" while the prefill instance holds the KV, then "decode"
+
+
+class Instance:
+    def __init__(self, pool: str, index: int, pipe: Pipeline, sched: Scheduler, latency, comm) -> None:
+        self.pool, self.index, self.pipe, self.sched, self.latency, self.comm = pool, index, pipe, sched, latency, comm
+        self.routed = 0  # requests routed here and not done (the least-loaded router's count)
+        self.queue: deque[Flow] = deque()  # decode: waiting for pre-allocation
+        self.in_flight = 0  # decode: pre-allocated, KV not yet arrived
+        self.held = 0  # prefill: tokens of finished prefills kept for their transfer
+
+    @property
+    def name(self) -> str:
+        return f"{self.pool} {self.index}"
+
+
+def sibling_profile(base: str, tp: int) -> str:
+    """The [latency] profile's folder for another TP degree (`.../tp4` -> `.../tp8`)."""
+    p = Path(base)
+    if p.name.startswith("tp") and p.name[2:].isdigit():
+        return str(p.parent / f"tp{tp}")
+    return base
+
+
+def pool_config(cfg: RunConfig, name: str) -> RunConfig:
+    """The run config one instance of pool `name` runs as (its TP x PP, profile, chunk settings)."""
+    pool = getattr(cfg.disaggregation, name)
+    sc = cfg.scheduler
+    prof = pool.profile or sibling_profile(cfg.latency.profile, pool.tp)
+    policy = sc.chunk_policy
+    if pool.chunk_policy:
+        policy = PolicySpec(name=pool.chunk_policy["name"], params=dict(pool.chunk_policy.get("params", {})))
+    sc = replace(sc, chunk_size_tokens=pool.chunk_size_tokens or sc.chunk_size_tokens, chunk_policy=policy,
+                 kv_tokens=pool.kv_tokens or sc.kv_tokens,
+                 max_running_requests=pool.max_running_requests or sc.max_running_requests, rebalancer=None)
+    return replace(cfg, parallel=ParallelConfig(pp=pool.pp, tp=pool.tp, replicas=pool.instances, router=pool.router),
+                   scheduler=sc, latency=replace(cfg.latency, profile=prof), disaggregation=None)
+
+
+def check_pools(cfg: RunConfig) -> dict[str, RunConfig]:
+    """Each pool's run config, or a one-line ConfigError naming the field."""
+    sc = cfg.scheduler
+    if getattr(sc, "engine", "fastpp") != "fastpp":
+        raise ConfigError(f"config [scheduler] engine = {sc.engine!r}: disaggregated pools run FastPP's scheduler; "
+                          f"allowed: engine = 'fastpp' with [disaggregation]")
+    if sc.rebalancer is not None:
+        raise ConfigError("config [scheduler.rebalancer]: not supported with [disaggregation] (decode instances "
+                          "admit requests through the paused list); allowed: no rebalancer")
+    if cfg.latency.kind != "profile":
+        raise ConfigError("config [disaggregation]: the pools need profiled latency models; allowed: "
+                          "[latency] kind = \"profile\"")
+    out = {}
+    for name in POOLS:
+        pc = pool_config(cfg, name)
+        path = pc.latency.profile_path()
+        if not (path / "meta.toml").is_file():
+            raise ConfigError(f"config [disaggregation.{name}] profile: {pc.latency.profile} does not exist (tp = "
+                              f"{pc.parallel.tp}); allowed: a profile folder for TP{pc.parallel.tp} "
+                              f"(profile = \"...\")")
+        out[name] = pc
+    return out
+
+
+def run_disaggregated(cfg: RunConfig, requests, keep_iterations: bool = True, alt_slos: tuple = (),
+                      itls: bool = True):
+    """Simulate a disaggregated deployment; returns a `sim.engine.run.RunResult`."""
+    return DisaggRun(cfg, RequestArrays.of(requests), itls).run(len(alt_slos))
+
+
+class DisaggRun:
+    def __init__(self, cfg: RunConfig, arrays: RequestArrays, itls: bool = True) -> None:
+        from sim.engine.run import build_latency, load_profile_cached, pool_sizes, startup_profile
+
+        self.cfg = cfg
+        dg = cfg.disaggregation
+        self.dg = dg
+        self.pool_cfgs = check_pools(cfg)
+        base = load_profile_cached(self.pool_cfgs["decode"].latency.profile_path())
+        shapes = [PoolShape(n, getattr(dg, n).instances, getattr(dg, n).tp, getattr(dg, n).pp) for n in POOLS]
+        self.placed: PlacedRun = place_pools(cfg, shapes, base.meta, base.path)
+        self.env = simpy.Environment()
+        self.seq = itertools.count()
+        sizes, lats = {}, {}
+        for name in POOLS:
+            pc = self.pool_cfgs[name]
+            prof = load_profile_cached(pc.latency.profile_path())
+            if prof.tp != pc.parallel.tp:
+                raise ConfigError(f"config [disaggregation.{name}] tp = {pc.parallel.tp} but profile "
+                                  f"{pc.latency.profile} is for tp = {prof.tp}")
+            by_key: dict = {}
+            lats[name] = []
+            for comm in self.placed.comms[name]:
+                if comm.key not in by_key:
+                    hook = comm if comm.spans_nodes or any(comm.crosses) else None
+                    by_key[comm.key] = build_latency(pc, hook)
+                lats[name].append(by_key[comm.key])
+            sizes[name] = pool_sizes(pc, lats[name][0])
+        self.model = model_of_profile(base.meta, str(base.path / "meta.toml"))
+        self.layers = {n: list(lats[n][0].layers) for n in POOLS}
+        # a request must fit both pools: the stricter context limit truncates and clips for both
+        self.max_req_len = min(sizes[n][2] for n in POOLS)
+        self.max_input = self.max_req_len - 5
+        self.table = RequestTable(arrays, self.max_input, self.max_req_len, itls=itls)
+        slo = cfg.slo
+        self.guard = None
+        if slo.stop_when_violated:
+            f = slo.stop_factor / 1e3
+            self.guard = SLOGuard(self.table, slo.ttft_ms * f, slo.tpot_ms * f, slo.ttft_percentile,
+                                  slo.tpot_percentile, None if slo.e2e_ms is None else slo.e2e_ms * f,
+                                  slo.e2e_percentile)
+        self.instances: dict[str, list[Instance]] = {}
+        for name in POOLS:
+            pc = self.pool_cfgs[name]
+            kv, max_running = sizes[name][0], sizes[name][1]
+            sc = pc.scheduler
+            params = dict(sc.chunk_policy.params)
+            if sc.chunk_policy.name == "static":
+                params.setdefault("chunk_size_tokens", sc.chunk_size_tokens)
+            self.instances[name] = []
+            for i, lat in enumerate(lats[name]):
+                make_noise = getattr(lat, "make_noise", None)
+                startup = make_noise(f"{name}{i}-startup") if make_noise else None
+                ctx = PolicyContext(num_stages=pc.parallel.pp, slo_ttft_s=slo.ttft_ms / 1e3,
+                                    slo_tpot_s=slo.tpot_ms / 1e3, launch_chunk_tokens=sc.chunk_size_tokens,
+                                    kv_capacity_tokens=kv, context_length_tokens=sc.context_length_tokens,
+                                    startup_profile=lambda c, lat=lat, kv=kv, noise=startup:
+                                    startup_profile(lat, c, kv, self.max_req_len, noise=noise))
+                if name == "prefill":
+                    policy = build_chunk_policy(sc.chunk_policy.name, params, ctx,
+                                                "config [disaggregation.prefill] chunk_policy")
+                    sched: Scheduler = PrefillScheduler(pc.parallel.pp, kv, max_running, policy.initial_chunk(),
+                                                        cfg.server.on_kv_exhausted)
+                    sched.on_start = lambda shadow, now, i=i: self._started(shadow, now)
+                    sched.on_finish = lambda shadow, i=i: self._prefilled(shadow)
+                else:
+                    policy = build_chunk_policy("static", {"chunk_size_tokens": sc.chunk_size_tokens}, ctx,
+                                                "config [disaggregation.decode]")
+                    sched = DecodeScheduler(pc.parallel.pp, kv, max_running, policy.initial_chunk(),
+                                            cfg.server.on_kv_exhausted)
+                    sched.on_finish = lambda req, i=i: self._decoded(req, i)
+                pipe = Pipeline(self.env, sched, lat, policy, Inbox(self.env), cfg.horizon_s,
+                                slo_tpot_s=slo.tpot_ms / 1e3, guard=self.guard,
+                                noise=make_noise(f"{name}{i}-latency") if make_noise else None)
+                self.instances[name].append(Instance(name, i, pipe, sched, lat, self.placed.comms[name][i]))
+        self.flows: dict[int, Flow] = {}  # id(shadow) -> its flow, while prefilling
+        self.by_row: dict[int, Flow] = {}
+        self.link_free: dict = {}  # link -> the time its booked transfers end
+        self.link_busy: dict = {}  # link -> seconds busy moving bytes
+        self.transfers: list[tuple] = []  # (rid, prefill, decode, start_s, end_s, bytes) for the timeline
+        self.unlanded = 0
+        self.routed_all = False
+        self.failure = ""
+        self.stop = self.env.event()
+
+    # -- routing ----------------------------------------------------------------------------------------------
+    def _pick(self, pool: str, k: int) -> int:
+        inst = self.instances[pool]
+        if getattr(self.dg, pool).router == "round-robin":
+            return k % len(inst)
+        loads = [x.routed for x in inst]
+        return loads.index(min(loads))
+
+    def _route(self):
+        table, env = self.table, self.env
+        arrival = table.arrival_s
+        for k in range(len(table)):
+            t = float(arrival[k])
+            if t > env.now:
+                yield env.timeout(t - env.now)
+            req = table.make(k)
+            shadow = Req(req.rid, req.arrival_s, req.orig_prompt_len, 1, self.max_input, self.max_req_len)
+            shadow.keep_itls = False
+            p, d = self._pick("prefill", k), self._pick("decode", k)
+            flow = Flow(req, shadow, p, d)
+            self.flows[id(shadow)] = flow
+            self.by_row[k] = flow
+            req.replica = d
+            self.instances["prefill"][p].routed += 1
+            self.instances["decode"][d].routed += 1
+            self.unlanded += 1
+            self.instances["prefill"][p].pipe.inbox.push(shadow)
+        for inst in self.instances["prefill"]:
+            inst.pipe.inbox.close()
+        self.routed_all = True
+        self._maybe_close()
+
+    def _direct(self, flow: Flow) -> bool:
+        """A one-token output with token 1 from the prefill side finishes there (no transfer)."""
+        return self.dg.first_token == "prefill" and flow.req.max_new <= 1
+
+    # -- prefill side -------------------------------------------------------------------------------------------
+    def _started(self, shadow: Req, now: float) -> None:
+        flow = self.flows[id(shadow)]
+        flow.start_s = now
+        req = flow.req
+        req.admit_s = shadow.admit_s
+        req.state = RUNNING
+        if not self._direct(flow):
+            dec = self.instances["decode"][flow.d]
+            dec.queue.append(flow)
+            self._admit(dec, now)
+
+    def _prefilled(self, shadow: Req) -> None:
+        flow = self.flows.pop(id(shadow))
+        now = self.env.now
+        flow.prefilled_s = now
+        req = flow.req
+        req.num_chunks = shadow.num_chunks
+        req.num_retractions += shadow.num_retractions
+        pre = self.instances["prefill"][flow.p]
+        pre.routed -= 1
+        if self.dg.first_token == "prefill":
+            req.out_len = 1
+            req.first_token_s = req.last_token_s = now
+        if self._direct(flow):  # done: nothing to ship
+            req.finished = True
+            req.state = FINISHED
+            req.finish_s = now
+            self.instances["decode"][flow.d].routed -= 1
+            self.unlanded -= 1
+            self._finish(req)
+            self._maybe_close()
+            return
+        # the prefill instance keeps the prompt's KV (just freed by its scheduler) until the decode side holds it
+        pre.sched.kv_free -= flow.tokens
+        pre.held += flow.tokens
+        flow.owner = "prefill"
+        self._transfer(flow)
+
+    # -- decode side --------------------------------------------------------------------------------------------
+    def _admit(self, dec: Instance, now: float) -> None:
+        """SGLang's pre-allocation, first come first served (module docstring, step 3)."""
+        sched, reserve = dec.sched, self.dg.decode_reserve_tokens
+        while dec.queue:
+            flow = dec.queue[0]
+            allocatable = sched.kv_free - reserve * (sched.num_active + dec.in_flight)
+            if allocatable < flow.tokens + reserve:
+                if sched.num_active == 0 and dec.in_flight == 0:
+                    self.failure = (f"request {flow.req.rid}: its KV ({flow.tokens} tokens) and the decode reserve "
+                                    f"({reserve} tokens) cannot fit decode instance {dec.index}'s empty pool of "
+                                    f"{sched.kv_capacity} tokens")
+                    raise DisaggFailed(self.failure)
+                return
+            dec.queue.popleft()
+            sched.kv_free -= flow.tokens
+            dec.in_flight += 1
+            flow.ready_s = now
+            self._transfer(flow)
+
+    def _transfer(self, flow: Flow) -> None:
+        """Book the links once both sides are ready (module docstring, step 4)."""
+        layerwise = self.dg.kv_transfer == "layerwise"
+        if math.isnan(flow.ready_s) or math.isnan(flow.prefilled_s):
+            return
+        now = self.env.now
+        pre, dec = self.instances["prefill"][flow.p], self.instances["decode"][flow.d]
+        alpha, busy = self.placed.model.kv_transfer_links(self.model, flow.tokens, pre.comm.groups, dec.comm.groups,
+                                                          self.layers["prefill"], self.layers["decode"])
+        d = max(busy.values(), default=0.0)
+        free = max((self.link_free.get(k, -math.inf) for k in busy), default=-math.inf)
+        ready = max(flow.start_s, flow.ready_s) if layerwise else now
+        start = max(ready, free)
+        end = start + alpha + d
+        if layerwise:  # the last layer's share cannot leave before the prefill has computed it
+            end = max(end, flow.prefilled_s + alpha + d / self.model.num_layers)
+        for k, b in busy.items():
+            self.link_free[k] = end
+            self.link_busy[k] = self.link_busy.get(k, 0.0) + b
+        flow.xfer_start_s = start
+        flow.link_wait_s = start - ready
+        flow.bytes = kv_transfer_bytes(self.model, flow.tokens, 1)  # the prompt's whole KV (every head and layer)
+        self.transfers.append((flow.req.rid, flow.p, flow.d, start, end, flow.bytes))
+        ev = self.env.timeout(max(end - now, 0.0))
+        ev.callbacks.append(lambda _ev, flow=flow: self._land(flow))
+
+    def _land(self, flow: Flow) -> None:
+        """The KV has arrived: the decode side holds it, then the prefill side frees its copy (step 5)."""
+        now = self.env.now
+        req = flow.req
+        dec, pre = self.instances["decode"][flow.d], self.instances["prefill"][flow.p]
+        req.prefix_len = req.fill_len = req.prompt_len
+        req.kv_base = flow.tokens  # the reservation is now the request's
+        dec.in_flight -= 1
+        flow.owner = "decode"
+        flow.seq_hold = next(self.seq)
+        flow.landed_s = now
+        dec.pipe.inbox.push(req)
+        assert flow.owner == "decode" and flow.seq_hold >= 0, "the prefill side frees only after the decode side holds"
+        pre.sched.kv_free += flow.tokens
+        pre.held -= flow.tokens
+        flow.seq_free = next(self.seq)
+        self.unlanded -= 1
+        self._maybe_close()
+
+    def _decoded(self, req: Req, d: int) -> None:
+        dec = self.instances["decode"][d]
+        dec.routed -= 1
+        self._finish(req)
+        self._admit(dec, self.env.now)
+
+    def _finish(self, req: Req) -> None:
+        if self.guard is not None:
+            self.guard.finished(req)
+        self.table.finish(req)
+
+    def _maybe_close(self) -> None:
+        if self.routed_all and self.unlanded == 0:
+            for inst in self.instances["decode"]:
+                inst.pipe.inbox.close()
+
+    # -- the run ------------------------------------------------------------------------------------------------
+    def _watch(self, pipe: Pipeline) -> None:
+        def done(_ev) -> None:
+            if pipe.status != "ok" and not self.stop.triggered:
+                self.stop.succeed()
+        pipe.proc.callbacks.append(done)
+
+    def run(self, requested_alternates: int = 0):
+        from sim.engine.run import RunResult
+
+        env = self.env
+        everyone = [x for n in POOLS for x in self.instances[n]]
+        pipes = [x.pipe for x in everyone]
+        for p in pipes:
+            self._watch(p)
+        env.process(self._route())
+        until = [env.all_of([p.proc for p in pipes]), self.stop]
+        if self.cfg.horizon_s:
+            until.append(env.timeout(self.cfg.horizon_s))
+        try:
+            env.run(until=env.any_of(until))
+        except DisaggFailed:
+            pass
+        self.table.close()
+        failed = [x for x in everyone if x.pipe.status == "failed"]
+        stopped = [x for x in everyone if x.pipe.status in ("stopped", "met")]
+        if self.failure:
+            status, reason = "failed", self.failure
+        elif failed:
+            status, reason = "failed", "; ".join(f"{x.name}: {x.pipe.reason}" for x in failed)
+        elif stopped:
+            status, reason = "stopped", self.guard.reason if self.guard is not None else stopped[0].pipe.reason
+        else:
+            status, reason = "ok", ""
+        dec0 = self.instances["decode"][0]
+        log = merge_logs([x.pipe.log for x in everyone])
+        decisions, moves = [], []
+        for x in everyone:
+            decisions.extend(x.pipe.decisions)
+            moves.extend(x.pipe.move_log)
+        return RunResult(
+            config=self.cfg, status=status, reason=reason, requests=self.table, iterations=log.columns,
+            stage_busy=log.stage_busy, decisions=decisions, moves=moves,
+            kv_capacity_tokens=dec0.sched.kv_capacity,
+            kv_peak_tokens=max(x.pipe.kv_peak for x in self.instances["decode"]),
+            max_running_requests=dec0.sched.max_running, end_s=env.now,
+            iteration_overhead_s=dec0.latency.iteration_overhead_s, host_s=log.columns["host_s"],
+            extras={"stage_layers": self.layers["decode"],
+                    "num_kv_exhausted": sum(x.sched.kv_exhausted_events for x in everyone),
+                    # never a stand-in for a sibling point of a sweep (sim/studies/sweep.py)
+                    "chunk_bound": True, "chunk_need": 0, "alternates": [False] * requested_alternates,
+                    "cluster": self.placed.describe(), "cluster_warnings": self.placed.warnings,
+                    "instance_names": [x.name for x in everyone],
+                    "instance_stages": [x.sched.num_slots for x in everyone],
+                    "disaggregation": self.describe(everyone),
+                    "kv_transfers": list(self.transfers),
+                    "request_columns": self.request_columns()},
+        )
+
+    def describe(self, everyone: list[Instance]) -> dict:
+        dur = max(self.env.now - (float(self.table.arrival_s.min()) if len(self.table) else 0.0), 0.0)
+        links = {f"{d}:{s.node}/{s.local_gpu}:{k}": b for (d, s, k), b in self.link_busy.items()}
+        out = {"kv_transfer": self.dg.kv_transfer, "first_token": self.dg.first_token,
+               "decode_reserve_tokens": self.dg.decode_reserve_tokens, "duration_s": dur,
+               "link_busy_s": links}
+        for n in POOLS:
+            pool = getattr(self.dg, n)
+            out[n] = {"instances": pool.instances, "tp": pool.tp, "pp": pool.pp, "gpus": pool.gpus,
+                      "router": pool.router, "profile": self.pool_cfgs[n].latency.profile,
+                      "kv_tokens": self.instances[n][0].sched.kv_capacity,
+                      "stage_layers": self.layers[n]}
+        return out
+
+    def request_columns(self) -> dict:
+        n = len(self.table)
+        cols = {"prefill_instance": np.full(n, -1, dtype=np.int32), "decode_instance": np.full(n, -1, dtype=np.int32),
+                "kv_tokens": np.zeros(n, dtype=np.int64), "kv_bytes": np.zeros(n, dtype=np.int64),
+                "prefill_end_s": np.full(n, np.nan), "kv_ready_s": np.full(n, np.nan),
+                "kv_wait_ms": np.full(n, np.nan), "kv_link_wait_ms": np.full(n, np.nan),
+                "kv_transfer_ms": np.full(n, np.nan)}
+        for row, f in self.by_row.items():
+            cols["prefill_instance"][row] = f.p
+            cols["decode_instance"][row] = f.d
+            cols["kv_tokens"][row] = f.tokens
+            cols["prefill_end_s"][row] = f.prefilled_s
+            if not math.isnan(f.landed_s):
+                cols["kv_bytes"][row] = f.bytes
+                cols["kv_ready_s"][row] = f.landed_s
+                cols["kv_wait_ms"][row] = max(f.ready_s - f.prefilled_s, 0.0) * 1e3
+                cols["kv_link_wait_ms"][row] = f.link_wait_s * 1e3
+                cols["kv_transfer_ms"][row] = (f.landed_s - max(f.prefilled_s, f.ready_s)) * 1e3
+        return cols
+
+    def flows_checked(self) -> list[Flow]:
+        """Every flow, after the run (tests read the hand-off order)."""
+        return list(self.by_row.values())
+
+
+def merge_logs(logs: list[IterationLog]) -> IterationLog:
+    """The instances' iteration logs one after another (`replica` = instance), stage columns padded with
+    empty stages up to the largest PP."""
+    width = max(log.num_stages for log in logs)
+    if all(log.num_stages == width for log in logs):
+        return IterationLog.merge(logs, width)
+    out = IterationLog(width)
+    columns = out.columns
+    from array import array
+
+    columns["replica"] = array("q")
+    for i, log in enumerate(logs):
+        for name, col in log.columns.items():
+            columns[name].extend(col)
+        columns["replica"].extend(array("q", [i]) * len(log))
+        busy = np.frombuffer(log.stage_busy.flat, dtype=np.float64).reshape(len(log), log.num_stages)
+        padded = np.zeros((len(log), width))
+        padded[:, :log.num_stages] = busy
+        out.stage_busy.flat.frombytes(padded.tobytes())
+    return out

@@ -1,0 +1,143 @@
+"""vLLM's V0 scheduler with chunked prefill off (release 0.6.3.post1), for replaying older logs.
+
+Read from the release wheel (vllm-0.6.3.post1, `vllm/core/scheduler.py` `_schedule_default`,
+`vllm/core/block_manager.py`):
+- a step is either all prefills or all decodes, never both: when waiting prompts fit, the step
+  runs their whole prompts (FCFS, up to `max_num_batched_tokens` = max(max_model_len, 2048)
+  tokens and `max_num_seqs` = 256 sequences, stopping at the first that does not fit) and every
+  running decode stalls for that step; otherwise it decodes every running request;
+- a prompt is admitted only if its blocks leave the 1% watermark free (`watermark = 0.01` of
+  the GPU blocks: `free - needed >= watermark`); prefix caching is off by default;
+- when a decode step does not fit, the last running request (the newest) is preempted by
+  recompute: its KV freed, back to the FRONT of the waiting queue, re-prefilled later as prompt
+  plus the tokens it had generated.
+NOTE: KV is counted in tokens (the pool is whole blocks); pipeline parallelism in V0 runs one
+scheduler per virtual engine with 1/pp of the blocks, which PipeSim does not model (pp = 1 only).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sim.core.errors import ConfigError
+from sim.engine.schedulers import EngineSettings, Hardware, schedulers
+from sim.engine.schedulers.cached import CachedScheduler
+from sim.engine.state import DECODE, EXTEND, RUNNING, MicroBatch, Req
+
+VERSION = "vLLM 0.6.3.post1 (V0, chunked prefill off)"
+WATERMARK = 0.01  # block_manager watermark, a share of the GPU blocks
+
+
+class VllmV0Scheduler(CachedScheduler):
+    def __init__(self, num_slots: int, kv_tokens: int, max_running_requests: int, chunk_size: int,
+                 on_kv_exhausted: str = "exit", prefix_cache: bool = False, block_size: int = 16) -> None:
+        super().__init__(num_slots, kv_tokens, max_running_requests, chunk_size, on_kv_exhausted, prefix_cache,
+                         block_size)
+        self.watermark = int(WATERMARK * (kv_tokens // block_size)) * block_size
+        self.preemptions = 0
+        self.reset_ratio_on_empty_batch = False
+
+    def form_batch(self, slot_idx: int, now_s: float, rebalance=None) -> MicroBatch | None:
+        slot = self.slots[slot_idx]
+        self._retire(slot)
+        mb = self._prefills(slot, now_s)
+        if mb is None:
+            mb = self._decodes(slot, now_s)
+        slot.last = mb
+        if mb is not None:
+            self.num_launched += 1
+        return self.pad(mb)
+
+    def _prefills(self, slot: Any, now_s: float) -> MicroBatch | None:
+        budget = self.chunk_size
+        pieces: list[tuple[Req, int, int]] = []
+        while self.waiting and self.num_active < self.max_running:
+            req = self.waiting[0]
+            hit, path = self.lookup(req, now_s)
+            need = req.fill_len - hit
+            if need > budget:
+                break
+            if self.available_with(path) - need < self.watermark:
+                break  # AllocStatus.LATER
+            self.waiting.popleft()
+            self.admit_hit(req, hit, path, now_s)
+            req.state = RUNNING
+            req.slot = slot.index
+            if req.admit_s is None:
+                req.admit_s = now_s
+            self.num_active += 1
+            self._alloc(req, need, "prefill", now_s)
+            pieces.append((req, need, req.prefix_len))
+            req.prefix_len += need
+            req.num_chunks += 1
+            budget -= need
+        if not pieces:
+            return None
+        self.stall(slot)  # the running decodes wait this prefill step out
+        return MicroBatch(self.num_launched, slot.index, EXTEND, pieces, [], None, self.chunk_size,
+                          decode_ctx=0, decode_left=(0, 0))
+
+    def _decodes(self, slot: Any, now_s: float) -> MicroBatch | None:
+        if not slot.running:
+            slot.running = None
+            return None
+        queue = [r for r in slot.running if not r.finished]
+        while queue and self.available() < len(queue):
+            victim = queue.pop()  # the newest running request, by recompute
+            self.events.append((now_s, slot.index, victim.rid, "preempt"))
+            self._requeue(victim)
+            self.waiting.appendleft(victim)
+            self.retractions += 1
+            self.preemptions += 1
+        if not queue:
+            slot.running = None
+            slot.cycle_start_s = None
+            return None
+        known = self._alloc_decode(queue, "decode", now_s)
+        slot.running = queue
+        slot.sampled = None
+        return MicroBatch(self.num_launched, slot.index, DECODE, [], queue, None, self.chunk_size,
+                          decode_ctx=known[0], decode_left=known[1:])
+
+
+class VllmV0Engine:
+    name = "vllm-v0"
+
+    def kv_reserved_tokens(self, settings: EngineSettings, latency: Any, hw: Hardware) -> int:
+        # worker.determine_num_available_blocks (0.6.3): the same profiling run's peak
+        from sim.engine.schedulers.vllm_v1 import activation_reserve_tokens
+
+        return activation_reserve_tokens(settings, latency, hw.tp, hw.pp)
+
+    def settings(self, sc: Any, hw: Hardware) -> EngineSettings:
+        if hw.pp > 1:
+            raise ConfigError(f"config [scheduler] engine = 'vllm-v0' with [parallel] pp = {hw.pp}: V0's pipeline "
+                              f"parallelism (one scheduler per virtual engine) is not modelled; allowed: pp = 1")
+        if sc.prefix_cache:
+            raise ConfigError("config [scheduler] prefix_cache = true with engine 'vllm-v0': V0's automatic prefix "
+                              "caching is not modelled (it is off by default in V0); allowed: false")
+        # SchedulerConfig (0.6.3): without chunked prefill, max(max_model_len, 2048)
+        budget = sc.chunk_size_tokens or max(sc.context_length_tokens, 2048)
+        if budget < sc.context_length_tokens:
+            # vLLM refuses to start so (SchedulerConfig._verify_args): a prompt could never run
+            raise ConfigError(f"config [scheduler] chunk_size_tokens = {budget} with engine 'vllm-v0': without chunked "
+                              f"prefill the budget (max_num_batched_tokens) must be >= the context length "
+                              f"({sc.context_length_tokens}); allowed: 0 (the default) or >= {sc.context_length_tokens}")
+        max_seqs = sc.max_running_requests or 256
+        graphs = sc.cuda_graphs if sc.cuda_graphs is not None else True
+        # worker/model_runner.py: decode-only batches padded to [1, 2, 4] + multiples of 8 up to 256
+        sizes = tuple([1, 2, 4] + list(range(8, 257, 8))) if graphs else ()
+        return EngineSettings(engine="vllm-v0", token_budget=budget, max_running=max_seqs, prefix_cache=False,
+                              cuda_graphs=graphs, overlap=False, capture_sizes=sizes, pad_total_tokens=False,
+                              version=VERSION, note=f"chunked prefill off, max_num_batched_tokens {budget}, "
+                                                    f"max_num_seqs {max_seqs}")
+
+    def build(self, settings: EngineSettings, num_slots: int, kv_tokens: int, max_running: int, chunk_size: int,
+              on_kv_exhausted: str, sc: Any) -> VllmV0Scheduler:
+        sched = VllmV0Scheduler(num_slots, kv_tokens, max_running, chunk_size, on_kv_exhausted, False,
+                                sc.block_size_tokens)
+        sched.capture_sizes = settings.capture_sizes
+        return sched
+
+
+schedulers.register("vllm-v0")(VllmV0Engine)

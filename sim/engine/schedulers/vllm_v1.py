@@ -1,0 +1,201 @@
+"""vLLM's V1 scheduler (release 0.10.1.1), on PipeSim's lock-step pipeline.
+
+Read from the release wheel (vllm-0.10.1.1, commit g1da94e673):
+- `vllm/v1/core/sched/scheduler.py` `schedule()`: one token budget per step
+  (`max_num_batched_tokens`); first the RUNNING requests in order, each its remaining tokens
+  (a decode 1, a partial prefill the rest of its prompt, capped by `long_prefill_token_threshold`
+  when > 0 and by the budget); an allocation failure preempts the last running request by
+  recompute (its KV freed, `num_computed_tokens = 0`, to the FRONT of the waiting queue), until
+  the allocation fits or the request preempts itself; then, only if nothing was preempted this
+  step, the WAITING requests in FCFS order while budget remains and fewer than `max_num_seqs`
+  run: prefix-cache hits cost no budget, the rest is cut to the budget (chunked prefill is
+  always on), and the first request whose allocation fails stops admission;
+- `vllm/v1/core/kv_cache_manager.py`, `block_pool.py`: prefix caching on by default, whole
+  blocks of `block_size` tokens (16) only, a hit at most `num_tokens - 1` tokens (so a fully
+  cached, block-aligned prompt recomputes its last block); freed blocks go to an LRU queue,
+  tail blocks first, and stay hittable until reused;
+- `vllm/v1/engine/core.py` `step_with_batch_queue`: with pipeline parallelism `pp_size` batches
+  are in flight and a request in flight is not scheduled again until its output is back (the
+  next chunk of a partial prefill may be): PipeSim's lock-step slots, a request's decodes
+  staying with the slot of its last prefill chunk (the "cohorts" the queue produces).
+NOTEs below mark where this module simplifies: KV is counted in tokens (the pool is whole
+blocks, hits are whole blocks; a request's unfilled last block is not charged: at most
+block_size - 1 tokens a request); a preemption victim is taken among the requests of the slot
+being scheduled (one in flight in another slot holds KV the GPU is using); at most one prompt
+is partly prefilled at a time (vLLM can hold a second when the budget ends inside a new request
+while another is mid-prefill); `max_num_batched_tokens >= max_num_seqs` (vLLM's own validation)
+lets every decode of a step fit the budget.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sim.engine.schedulers import EngineSettings, Hardware, schedulers
+from sim.engine.schedulers.cached import CachedScheduler
+from sim.engine.state import DECODE, EXTEND, MIXED, RUNNING, WAITING, MicroBatch, Req
+
+VERSION = "vLLM 0.10.1.1 (V1)"
+
+
+class VllmV1Scheduler(CachedScheduler):
+    def __init__(self, num_slots: int, kv_tokens: int, max_running_requests: int, chunk_size: int,
+                 on_kv_exhausted: str = "exit", prefix_cache: bool = True, block_size: int = 16,
+                 long_prefill_threshold: int = 0) -> None:
+        super().__init__(num_slots, kv_tokens, max_running_requests, chunk_size, on_kv_exhausted, prefix_cache,
+                         block_size)
+        self.threshold = long_prefill_threshold
+        self.preemptions = 0
+        self.reset_ratio_on_empty_batch = False  # (vLLM has no token ratio)
+
+    def _preempt(self, req: Req, now_s: float = 0.0) -> None:
+        """Recompute preemption: KV freed, back to the head of the waiting queue."""
+        self.events.append((now_s, req.slot, req.rid, "preempt"))
+        self._requeue(req)
+        self.waiting.appendleft(req)
+        self.retractions += 1
+        self.preemptions += 1
+
+    def _fit(self, tokens: int) -> bool:
+        return tokens <= self.available()
+
+    def form_batch(self, slot_idx: int, now_s: float, rebalance=None) -> MicroBatch | None:
+        slot = self.slots[slot_idx]
+        self._retire(slot)
+        budget = self.chunk_size
+        decodes: list[Req] = []
+        preempted = False
+        # (1) the running requests of this slot: the decodes, in admission order
+        if slot.running:
+            queue = [r for r in slot.running if not r.finished]
+            # one token each; while they do not all fit, the last one is preempted (it may be
+            # the request being scheduled itself, which then stops the loop in vLLM: the same set)
+            while queue and not self._fit(len(queue)):
+                self._preempt(queue.pop(), now_s)  # NOTE: among this slot's requests (module docstring)
+                preempted = True
+            if queue:
+                self._make_room(len(queue))
+                self.kv_free -= len(queue)  # (each request's count settles when its token is back)
+            decodes = queue
+            budget -= len(queue)
+            slot.running = decodes if decodes else None
+            slot.sampled = None
+        prefill: list[tuple[Req, int, int]] = []
+        new_chunked: Req | None = None
+        chunked = self.chunked
+        # the partial prefill (the last request admitted): its next chunk
+        if chunked is not None and budget > 0:
+            remaining = chunked.fill_len - chunked.prefix_len
+            new = min(remaining, budget, self.threshold or remaining)
+            if new > 0 and self._fit(new):
+                self._alloc(chunked, new, "prefill", now_s)
+                prefill.append((chunked, new, chunked.prefix_len))
+                chunked.prefix_len += new
+                chunked.num_chunks += 1
+                chunked.slot = slot_idx
+                budget -= new
+                new_chunked = chunked if new < remaining else None
+            else:
+                new_chunked = chunked  # it waits for room (vLLM would preempt a newer request)
+        # (2) the waiting requests, FCFS, only if nothing was preempted this step
+        if not preempted and new_chunked is None:
+            while self.waiting and budget > 0 and self.num_active < self.max_running:
+                req = self.waiting[0]
+                hit, path = self.lookup(req, now_s)
+                remaining = req.fill_len - hit
+                new = min(remaining, budget, self.threshold or remaining)
+                if new > self.available_with(path):
+                    break  # head-of-line: admission stops at the first request that does not fit
+                self.waiting.popleft()
+                self.admit_hit(req, hit, path, now_s)
+                req.state = RUNNING
+                req.slot = slot_idx
+                if req.admit_s is None:
+                    req.admit_s = now_s
+                self.num_active += 1
+                self._alloc(req, new, "prefill", now_s)
+                prefill.append((req, new, req.prefix_len))
+                req.prefix_len += new
+                req.num_chunks += 1
+                budget -= new
+                if new < remaining:
+                    new_chunked = req
+                    self.chunk_bound = True
+                    break
+        self.chunked = new_chunked
+        slot.last = None
+        if not prefill and not decodes:
+            slot.running = None
+            return None
+        self.chunk_need = max(self.chunk_need, self.chunk_size - budget + 1)
+        mode = MIXED if prefill and decodes else EXTEND if prefill else DECODE
+        if mode != DECODE:
+            slot.running = None  # the decodes are in flight with the prefill pieces
+        mb = MicroBatch(self.num_launched, slot_idx, mode, prefill, decodes, new_chunked, self.chunk_size)
+        self.pad(mb)
+        slot.last = mb
+        self.num_launched += 1
+        return mb
+
+    def is_idle(self) -> bool:
+        return self.num_active == 0 and not self.waiting and self.chunked is None
+
+
+def activation_reserve_tokens(settings: EngineSettings, latency: Any, tp: int, pp: int) -> int:
+    """KV tokens vLLM does not get because its profiling run's peak activations take the memory
+    (`gpu_worker.determine_available_memory`: available = utilisation x total - (weights + peak
+    activations + non-torch memory)). The peak is estimated from the model's shapes for one
+    step of `max_num_batched_tokens` tokens: per token the MLP's gate/up output, its activation
+    output and four hidden-size buffers (2 x (3 x intermediate / tp + 4 x hidden) bytes in
+    BF16), plus the sampler's FP32 logits of `min(tokens, max_num_seqs)` rows. NOTE: vLLM's
+    non-torch memory (CUDA context, NCCL and cuBLAS workspaces, a few hundred MB in its logs) is
+    not counted, nor what PipeSim's memory model already leaves outside the pool (profiled.py)."""
+    profile = getattr(latency, "profile", None)
+    if profile is None:
+        return 0
+    shape = profile.shape()
+    if not shape.intermediate_size:
+        return 0
+    tokens = settings.token_budget
+    act = tokens * 2 * (3 * shape.intermediate_size / tp + 4 * shape.hidden_size)
+    logits = min(tokens, settings.max_running) * shape.vocab_size * 4
+    layers = -(-shape.num_layers // pp)  # the busiest stage's layers
+    cell = max(1, shape.num_kv_heads // tp) * shape.head_dim * layers * 2 * shape.dtype_bytes
+    return int((act + logits) // cell)
+
+
+class VllmV1Engine:
+    name = "vllm-v1"
+
+    def kv_reserved_tokens(self, settings: EngineSettings, latency: Any, hw: Hardware) -> int:
+        return activation_reserve_tokens(settings, latency, hw.tp, hw.pp)
+
+    def settings(self, sc: Any, hw: Hardware) -> EngineSettings:
+        # EngineArgs._set_default_args_v1 (vllm serve, the OpenAI API server's usage context)
+        big = hw.gpu_mem_gib >= 70 and "a100" not in hw.gpu_spec
+        budget = sc.chunk_size_tokens or (8192 if big else 2048)
+        max_seqs = sc.max_running_requests or min(1024 if big else 256, budget)
+        cache = True if sc.prefix_cache is None else bool(sc.prefix_cache)
+        graphs = sc.cuda_graphs if sc.cuda_graphs is not None else True
+        # VllmConfig._set_cudagraph_sizes: [1, 2, 4] + range(8, min(2 max_num_seqs, 512) + 1, 8),
+        # at most max_num_batched_tokens; piecewise graphs pad the step's total tokens
+        top = min(2 * max_seqs, 512)
+        sizes = tuple(s for s in [1, 2, 4] + list(range(8, top + 1, 8)) if s <= budget) if graphs else ()
+        return EngineSettings(engine="vllm-v1", token_budget=budget, max_running=max_seqs, prefix_cache=cache,
+                              cuda_graphs=graphs, overlap=False, capture_sizes=sizes, pad_total_tokens=True,
+                              version=VERSION,
+                              note=f"max_num_batched_tokens {budget}, max_num_seqs {max_seqs}, prefix caching "
+                                   f"{'on' if cache else 'off'}")
+
+    def build(self, settings: EngineSettings, num_slots: int, kv_tokens: int, max_running: int, chunk_size: int,
+              on_kv_exhausted: str, sc: Any) -> VllmV1Scheduler:
+        sched = VllmV1Scheduler(num_slots, kv_tokens, max_running, chunk_size, on_kv_exhausted, settings.prefix_cache,
+                                sc.block_size_tokens, sc.long_prefill_token_threshold)
+        sched.capture_sizes = settings.capture_sizes
+        sched.pad_total = True
+        return sched
+
+
+schedulers.register("vllm-v1")(VllmV1Engine)
+
+__all__ = ["VllmV1Scheduler", "VllmV1Engine", "WAITING"]

@@ -1,0 +1,349 @@
+"""The engines' schedulers (sim/engine/schedulers/): their decisions step by step on small
+hand-built cases, against what each engine's source does; the prefix cache's invariants; hit
+rates against an offline count; every engine on every shipped workload; determinism."""
+
+from __future__ import annotations
+
+import json
+from collections import deque
+from pathlib import Path
+
+import pytest
+
+from sim.engine.prefix_cache import PrefixCache
+from sim.engine.schedulers.sglang import SGLangScheduler
+from sim.engine.schedulers.vllm_v0 import VllmV0Scheduler
+from sim.engine.schedulers.vllm_v1 import VllmV1Scheduler
+from sim.engine.state import DECODE, EXTEND, MIXED
+from tests.conftest import make_req
+from tests.fuzzing import invoke
+
+REPO = Path(__file__).resolve().parents[1]
+PROFILE = "profiles/built/a100-sxm-80gb/llama-3.1-8b/tp1"
+
+
+def drive(sched, reqs, steps: int, pp: int = 1, dt: float = 0.01, check=None):
+    """Run the scheduler as the lock-step pipeline does (no clock: `dt` a step); returns the
+    micro-batches formed, in order."""
+    pending = deque(sorted(reqs, key=lambda r: r.arrival_s))
+    inflight: deque = deque([None] * pp, maxlen=pp)
+    out = []
+    for k in range(steps):
+        now = k * dt
+        while pending and pending[0].arrival_s <= now:
+            sched.add_waiting(pending.popleft())
+        mb = sched.form_batch(k % pp, now)
+        inflight.appendleft(mb)
+        out.append(mb)
+        leaving = inflight[pp - 1]
+        if leaving is not None:
+            inflight[pp - 1] = None
+            sched.process_result(leaving, now + dt)
+        if check is not None:
+            check(sched, [r for r in reqs if not r.finished and r.state == "running"])
+    return out
+
+
+def pieces(mb):
+    return [(r.rid, new, prefix) for r, new, prefix in mb.prefill]
+
+
+# ---------------------------------------------------------------- the prefix cache
+
+def test_cache_match_insert_and_lru_eviction_of_unpinned_leaves():
+    c = PrefixCache()
+    new, path = c.insert([(1, 100), (2, 50)], 150, now=1.0)
+    assert new == 150 and c.size == 150 and [n.cached for n in path] == [100, 50]
+    c.insert([(1, 100), (3, 30)], 130, now=2.0)  # shares piece 1
+    assert c.size == 180
+    hit, p = c.match([(1, 100), (2, 50), (9, 10)], limit=10_000, now=3.0)
+    assert hit == 150 and len(p) == 2
+    assert c.match([(1, 100), (2, 50)], limit=149, now=3.0)[0] == 149  # capped (last token recomputed)
+    c.lock(p)
+    assert c.pinned == 150 and c.evictable == 30
+    # only the unpinned leaf (piece 3) can go, however much is asked
+    assert c.evict(1000) == 30 and c.size == 150
+    c.unlock(p)
+    assert c.evict(10) == 10 and c.size == 140  # the LRU leaf (piece 2, used at 3.0) loses its tail
+    assert c.match([(1, 100), (2, 50)], 10_000, now=4.0)[0] == 140
+
+
+def test_cache_granularity_keeps_whole_blocks():
+    c = PrefixCache(granularity=16)
+    new, _ = c.insert([(1, 40)], 40, now=0.0)
+    assert new == 32  # whole blocks only
+    assert c.evict(1) == 16 and c.size == 16
+
+
+# ---------------------------------------------------------------- vLLM V1
+
+def test_vllm_v1_token_budget_running_first_then_waiting_chunked():
+    # budget 1024, three 800-token prompts: 800, then 224 of the second (its partial prefill)
+    s = VllmV1Scheduler(1, 100_000, 256, 1024, prefix_cache=False)
+    reqs = [make_req(i, 800, output=5) for i in range(3)]
+    mbs = drive(s, reqs, 3)
+    assert pieces(mbs[0]) == [(0, 800, 0), (1, 224, 0)] and mbs[0].chunked is reqs[1]
+    # step 2: request 0 decodes (running first), request 1's next 576, then 447 of request 2
+    assert mbs[1].mode == MIXED and [r.rid for r in mbs[1].decodes] == [0]
+    assert pieces(mbs[1]) == [(1, 576, 224), (2, 447, 0)]
+    assert pieces(mbs[2])[0] == (2, 353, 447)
+
+
+def test_vllm_v1_preempts_the_newest_by_recompute_and_admits_nothing_that_step():
+    # a pool of 40 tokens: two 16-token prompts decode until the pool runs dry
+    s = VllmV1Scheduler(1, 40, 256, 1024, prefix_cache=False)
+    a, b, c = make_req(0, 16, output=30), make_req(1, 16, output=30), make_req(2, 4, output=2, arrival=0.005)
+    seen = []
+
+    def first_preemption(sched, live):
+        if sched.retractions and not seen:
+            seen.append((a.num_retractions, b.num_retractions, list(sched.waiting)))
+
+    mbs = drive(s, [a, b, c], 12, check=first_preemption)
+    ra, rb, waiting = seen[0]
+    assert (ra, rb) == (0, 1) and waiting[0] is b  # the newest, to the head of the queue
+    k = next(i for i, mb in enumerate(mbs) if mb is not None and b in mb.decodes) + 1
+    # the step that preempted admitted nothing new
+    assert all(r is not c for mb in mbs[k:k + 1] if mb is not None for r, *_ in mb.prefill)
+
+
+def test_vllm_v1_prefix_hit_is_whole_blocks_and_never_the_last_token():
+    s = VllmV1Scheduler(1, 100_000, 256, 2048, prefix_cache=True, block_size=16)
+    a = make_req(0, 64, output=2)
+    a.pieces = ((7, 64),)
+    b = make_req(1, 64, output=2, arrival=0.05)
+    b.pieces = ((7, 64),)
+    mbs = drive(s, [a, b], 12)
+    # b's 64 tokens are all cached, but the last must be computed: 63 -> 48 whole blocks hit
+    admit_b = next(mb for mb in mbs if mb is not None and any(r is b for r, *_ in mb.prefill))
+    assert pieces(admit_b) == [(1, 16, 48)] and b.cached_tokens == 48
+
+
+# ---------------------------------------------------------------- SGLang 0.5.23
+
+def test_sglang_prefill_first_running_decodes_stall_and_chunk_fills_the_budget():
+    s = SGLangScheduler(1, 100_000, 256, 1000, prefix_cache=False)
+    a = make_req(0, 300, output=20)
+    b, c = make_req(1, 600, output=20, arrival=0.015), make_req(2, 600, output=20, arrival=0.015)
+    mbs = drive(s, [a, b, c], 5)
+    assert mbs[0].mode == EXTEND and pieces(mbs[0]) == [(0, 300, 0)]
+    assert mbs[1].mode == DECODE  # nothing waiting yet
+    # b and c arrived: an EXTEND batch of exactly 1000 tokens (c cut), a's decode waits
+    assert mbs[2].mode == EXTEND and pieces(mbs[2]) == [(1, 600, 0), (2, 400, 0)] and not mbs[2].decodes
+    assert mbs[3].mode == EXTEND and pieces(mbs[3]) == [(2, 200, 400)]  # the chunked request first
+
+
+def test_sglang_admission_reserves_outputs_and_sticks_full():
+    # pool 1000: a 500-token prompt reserving 400 outputs leaves 99: a second (100 + 400 + 1) is refused
+    s = SGLangScheduler(1, 1000, 256, 4096, prefix_cache=False)
+    a, b = make_req(0, 500, output=400), make_req(1, 100, output=400)
+    mbs = drive(s, [a, b], 3)
+    assert pieces(mbs[0]) == [(0, 500, 0)] and s.batch_is_full and list(s.waiting) == [b]
+    assert mbs[1].mode == DECODE and mbs[2].mode == DECODE  # sticky until a request leaves
+
+
+def test_sglang_retracts_fewest_outputs_until_the_next_step_fits():
+    s = SGLangScheduler(1, 10_000, 256, 4096, prefix_cache=False)
+    a, b, c = make_req(0, 40, output=50), make_req(1, 60, output=50), make_req(2, 50, output=50, arrival=0.025)
+    drive(s, [a, b], 4)  # a and b decode (3 tokens each so far)
+    s.add_waiting(c)
+    drive(s, [], 2)  # c joins with fewer outputs
+    assert c.out_len < a.out_len == b.out_len
+    s.kv_free = 2  # the next decode step (3 tokens) no longer fits
+    mb = s.form_batch(0, 1.0)
+    # retract c (fewest outputs) and stop: 2 requests fit; the ratio from the ones kept
+    assert c.state == "waiting" and s.retractions == 1 and mb.decodes == [a, b]
+    assert s.new_token_ratio == pytest.approx((a.out_len + b.out_len + 20 * 2) / (a.max_new + b.max_new + 1))
+    s.kv_free = 0  # now not even one more token: b (longest prompt among equals) goes, a is kept
+    s.process_result(mb, 1.1)
+    s.kv_free = 1
+    mb = s.form_batch(0, 1.2)
+    assert b.state == "waiting" and mb.decodes == [a]
+
+
+# ---------------------------------------------------------------- vLLM V0
+
+def test_vllm_v0_prefill_only_steps_and_decodes_stall():
+    s = VllmV0Scheduler(1, 100_000, 256, 4096)
+    a, b = make_req(0, 100, output=10), make_req(1, 100, output=10, arrival=0.025)
+    mbs = drive(s, [a, b], 5)
+    assert mbs[0].mode == EXTEND and mbs[1].mode == DECODE and mbs[2].mode == DECODE
+    assert mbs[3].mode == EXTEND and pieces(mbs[3]) == [(1, 100, 0)] and not mbs[3].decodes  # a stalls
+
+
+def test_vllm_v0_whole_prompts_under_the_watermark():
+    s = VllmV0Scheduler(1, 16_000, 256, 16_000)
+    a = make_req(0, 15_900, output=3)  # leaves less than the 1% watermark (160 tokens): LATER
+    mbs = drive(s, [a], 2)
+    assert mbs[0] is None and list(s.waiting) == [a]
+
+
+# ---------------------------------------------------------------- invariants
+
+def _accounting(s, live):
+    own = sum(r.kv_held for r in live)
+    assert s.kv_free + own + (s.cache.size if s.cache else 0) == s.kv_capacity
+    assert 0 <= s.kv_free <= s.kv_capacity
+    if s.cache is not None:
+        assert 0 <= s.cache.pinned <= s.cache.size
+        for r in live:
+            for n in r.cache_path or []:
+                assert n.refs > 0 and n.cached > 0  # a block in use is never evicted
+
+
+@pytest.mark.parametrize("cls", [SGLangScheduler, VllmV1Scheduler])
+def test_no_kv_is_counted_twice_and_pinned_blocks_survive_pressure(cls):
+    import random
+
+    rng = random.Random(3)
+    reqs = []
+    for i in range(60):
+        shared = rng.randrange(4)
+        r = make_req(i, 200 + 16 * rng.randrange(10), output=rng.randrange(2, 40), arrival=0.02 * i)
+        r.pieces = ((shared, 128), (1000 + i, r.prompt_len - 128))
+        reqs.append(r)
+    s = cls(1, 1500, 256, 512, on_kv_exhausted="retract")
+    drive(s, reqs, 800, check=_accounting)
+    assert all(r.finished for r in reqs)
+    assert s.hit_tokens > 0 and s.evicted_tokens > 0  # both the hits and the pressure happened
+
+
+# ---------------------------------------------------------------- whole runs
+
+def _mooncake(path: Path, rows: list[tuple[int, list[int], int]]):
+    """Rows (input_length, hash_ids, timestamp ms) as a Mooncake JSONL trace."""
+    path.write_text("".join(json.dumps({"timestamp": t, "input_length": n, "output_length": 4, "hash_ids": ids}) + "\n"
+                            for n, ids, t in rows))
+
+
+def offline_hits(rows, limit_of) -> int:
+    """Tokens of each row's longest prefix of ids seen (as a prefix) in an earlier row."""
+    seen: set[tuple] = set()
+    total = 0
+    for n, ids, _t in rows:
+        hit = 0
+        for k in range(1, len(ids) + 1):
+            if tuple(ids[:k]) in seen:
+                hit = min(512 * k, n)
+        total += min(hit, limit_of(n))
+        for k in range(1, len(ids) + 1):
+            seen.add(tuple(ids[:k]))
+    return total
+
+
+def _rows():
+    import random
+
+    rng = random.Random(5)
+    rows, t = [], 0
+    for i in range(40):
+        base = [0, 1, 2][: rng.randrange(1, 4)] if rng.random() < 0.7 else []
+        k = rng.randrange(1, 4)
+        ids = base + [100 + 10 * i + j for j in range(k)]
+        n = 512 * (len(ids) - 1) + rng.randrange(1, 512)
+        rows.append((n, ids, t))
+        t += 2000  # 2 s apart: each finishes before the next arrives
+    return rows
+
+
+@pytest.mark.parametrize("engine, limit", [("sglang", lambda n: n - 1), ("vllm-v1", lambda n: (n - 1) // 16 * 16)])
+def test_mooncake_hit_rate_equals_the_offline_reuse_when_the_cache_holds_it(tmp_path, engine, limit):
+    rows = _rows()
+    trace = tmp_path / "m.jsonl"
+    _mooncake(trace, rows)
+    out = tmp_path / engine
+    code, _, err = invoke(["run", str(REPO / "experiments/configs/default.toml"), "--trace", str(trace),
+                           "--set", f'latency.profile="{PROFILE}"', "--set", "parallel.pp=1",
+                           "--set", f'scheduler.engine="{engine}"', "--set", "scheduler.chunk_size_tokens=2048",
+                           "--out", str(out)])
+    assert code == 0, err
+    summary = json.loads((out / "summary.json").read_text())
+    prompts = sum(n for n, _i, _t in rows)
+    assert summary["prefix_hit_rate"] == pytest.approx(offline_hits(rows, limit) / prompts, abs=1e-12)
+    # a pool too small to keep them: eviction lowers the rate
+    small = tmp_path / f"{engine}-small"
+    code, _, err = invoke(["run", str(REPO / "experiments/configs/default.toml"), "--trace", str(trace),
+                           "--set", f'latency.profile="{PROFILE}"', "--set", "parallel.pp=1",
+                           "--set", f'scheduler.engine="{engine}"', "--set", "scheduler.kv_tokens=2600",
+                           "--set", "scheduler.chunk_size_tokens=2048", "--out", str(small)])
+    assert code == 0, err
+    assert json.loads((small / "summary.json").read_text())["prefix_hit_rate"] < summary["prefix_hit_rate"]
+
+
+SHIPPED = sorted(p.stem for p in (REPO / "workloads").glob("*.toml"))
+
+
+@pytest.mark.parametrize("engine", ["fastpp", "sglang", "vllm-v1", "vllm-v0"])
+def test_every_engine_runs_every_shipped_workload(tmp_path, engine):
+    from tests.conftest import SHARED_DATA
+
+    import os
+
+    os.environ.setdefault("PIPESIM_CACHE", str(SHARED_DATA / "azure-llm-inference-2023"))
+    for name in SHIPPED:
+        if name.startswith("azure-") and name != "azure-conv-synth" and not SHARED_DATA.is_dir():
+            continue  # (the trace lives in ../shared/data)
+        size = "num_sessions=6" if name == "chat-sessions" else "num_requests=8"
+        if name == "azure-conv-replay":
+            size = "window_minutes=0.1"
+        code, _, err = invoke(["run", str(REPO / "experiments/configs/default.toml"), "--set",
+                               f'workload={{name="{name}", {size}}}', "--set", f'scheduler.engine="{engine}"', "--set", "parallel.pp=1",
+                               "--set", f'latency.profile="{PROFILE}"', "--set", "scheduler.chunk_size_tokens=0",
+                               "--no-iterations",
+                               "--out", str(tmp_path / name)])
+        assert code == 0, f"{engine} on {name}: {err}"
+
+
+def test_same_seed_same_outputs(tmp_path):
+    for k in (1, 2):
+        code, _, err = invoke(["run", str(REPO / "experiments/configs/default.toml"), "--set",
+                               'workload={name="chat-sessions", num_sessions=20}', "--set", 'scheduler.engine="sglang"',
+                               "--out", str(tmp_path / f"r{k}")])
+        assert code == 0, err
+    for f in ("summary.json", "requests.csv", "iterations.csv"):
+        assert (tmp_path / "r1" / f).read_bytes() == (tmp_path / "r2" / f).read_bytes()
+
+
+def test_validate_simulates_the_engine_the_log_names(tmp_path):
+    log = tmp_path / "vllm.json"
+    log.write_text(json.dumps({"backend": "vllm", "request_rate": 2.0, "input_lens": [120, 300, 80],
+                               "output_lens": [5, 4, 3], "ttfts": [0.05, 0.06, 0.04],
+                               "itls": [[0.01] * 4, [0.01] * 3, [0.01] * 2], "errors": ["", "", ""]}))
+    cfg = tmp_path / "c.toml"
+    cfg.write_text((REPO / "experiments/configs/default.toml").read_text()
+                   .replace("pp = 4", "pp = 1").replace("profiles/a100-pcie-40gb/qwen2.5-32b/tp1", PROFILE))
+    code, out, err = invoke(["validate", "--bench-log", str(log), "--config", str(cfg)])
+    assert code == 0, err + out
+    assert "engine:" in out and "vllm-v1" in out and "chosen by the log's backend 'vllm'" in out
+    code, out, err = invoke(["validate", "--bench-log", str(log), "--config", str(cfg), "--engine", "vllm-v0",
+                             "--set", "scheduler.chunk_size_tokens=0"])  # (V0's own budget: no chunking)
+    assert code == 0 and "vllm-v0" in out and "chosen by --engine" in out
+
+
+def test_gate_takes_engines_as_its_axis(tmp_path):
+    code, out, err = invoke(["gate", str(REPO / "experiments/configs/default.toml"), "--set", "parallel.pp=1",
+                             "--set", f'latency.profile="{PROFILE}"', "--set", "workload.num_requests=40",
+                             "--baseline", "engine:fastpp", "--candidate", "engine:vllm-v1", "--metric", "p90_ttft",
+                             "--seeds", "2", "--out", str(tmp_path / "g"), "--no-progress"])
+    assert code in (0, 1), err
+    assert "engine:vllm-v1" in (tmp_path / "g" / "gate.md").read_text()
+    code, _, err = invoke(["gate", str(REPO / "experiments/configs/default.toml"), "--baseline", "engine:nope",
+                           "--candidate", "PP_512", "--metric", "p90_ttft", "--out", str(tmp_path / "g2")])
+    assert code == 2 and "unknown scheduler engine 'nope'" in err
+
+
+def test_cuda_graph_padding_by_hand():
+    from sim.engine.schedulers import pad_to
+    from sim.engine.state import MicroBatch
+
+    assert pad_to((1, 2, 4, 8, 16), 13) == 16 and pad_to((1, 2, 4, 8, 16), 17) == 17  # eager beyond
+    s = VllmV1Scheduler(1, 10_000, 256, 512, prefix_cache=False)
+    s.capture_sizes, s.pad_total = (1, 2, 4, 8, 16), True
+    reqs = [make_req(i, 10, 3) for i in range(3)]
+    mb = s.pad(MicroBatch(0, 0, EXTEND, [(r, 4, 0) for r in reqs] + [(reqs[0], 1, 0)], [], None, 512))
+    assert mb.stats.pad_tokens == 16 - 13  # vLLM V1 pads the step's tokens
+    g = SGLangScheduler(1, 10_000, 256, 512, prefix_cache=False)
+    g.capture_sizes = (1, 2, 4, 8, 12, 16)
+    mb = g.pad(MicroBatch(0, 0, DECODE, [], reqs * 3, None, 512))
+    assert mb.stats.pad_tokens == 12 - 9  # SGLang pads a decode batch's rows
+    assert g.pad(MicroBatch(0, 0, EXTEND, [(reqs[0], 9, 0)], [], None, 512)).stats.pad_tokens == 0
