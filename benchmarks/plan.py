@@ -5,11 +5,15 @@ Cases (Qwen2.5-32B, A100-40GB PCIe profiles, `--jobs 2`, 3 paired seeds):
 - `4 GPUs at 4 req/s`: `azure-conv-synth`, `--rate 4`, P90 TTFT 2 s / P90 TPOT 200 ms;
 - `8 GPUs at 6 req/s`: the issue's done-when command (`azure-conv`, `--rate 6`, P99 TTFT 2 s,
   P90 TPOT 150 ms; needs the Azure trace in $PIPESIM_CACHE, else skipped with the reason);
-- `4 GPUs goodput` (with `--goodput`): no `--rate`, the goodput ranking.
+- `4 GPUs goodput` (with `--goodput`): no `--rate`, the goodput ranking;
+- `up to 32 GPUs at 8 req/s` (with `--cluster`; issue 34): `--max-gpus 32`, Llama-3.1-70B on H100 SXM
+  nodes of 8 over InfiniBand NDR, `azure-conv-synth`, P90 TTFT 1 s / P90 TPOT 50 ms: the fewest GPUs over
+  GPU counts, node counts, co-located and disaggregated deployments, TP x PP per pool, two chunk policies
+  (sim/studies/cluster_plan.py); target: within 2 minutes on 2 cores.
 
 CPU seconds are the plan process's and its workers' (user + system), the number that does not
 depend on how loaded a shared machine is; on 2 idle cores the wall time is about CPU / 2.
-Run: `python benchmarks/plan.py [--quick] [--goodput]`.
+Run: `python benchmarks/plan.py [--quick] [--goodput] [--cluster]`.
 """
 
 from __future__ import annotations
@@ -26,11 +30,15 @@ from pathlib import Path
 import pandas as pd
 
 REPO = Path(__file__).resolve().parents[1]
+MODEL = ["--model", "qwen2.5-32b"]
 CASES = {
     "4 GPUs at 4 req/s": ["--gpus", "4", "--workload", "azure-conv-synth", "--rate", "4"],
     "8 GPUs at 6 req/s": ["--gpus", "8", "--workload", "azure-conv", "--rate", "6", "--slo", "ttft:p99:2000",
                           "--slo", "tpot:p90:150"],
     "4 GPUs goodput": ["--gpus", "4", "--workload", "azure-conv-synth"],
+    "up to 32 GPUs at 8 req/s": ["--model", "llama-3.1-70b", "--gpu", "h100-sxm-80gb", "--max-gpus", "32",
+                                 "--workload", "azure-conv-synth", "--rate", "8", "--slo", "ttft:p90:1000",
+                                 "--slo", "tpot:p90:50"],
 }
 
 
@@ -42,7 +50,8 @@ def trace_missing() -> str:
 
 def bench(name: str, args: list[str]) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
-        cmd = [sys.executable, "-m", "sim.cli", "plan", "--model", "qwen2.5-32b", *args, "--seeds", "3",
+        model = [] if "--model" in args else MODEL
+        cmd = [sys.executable, "-m", "sim.cli", "plan", *model, *args, "--seeds", "3",
                "--jobs", "2", "--no-progress", "--out", tmp]
         before = resource.getrusage(resource.RUSAGE_CHILDREN)
         t0 = time.perf_counter()
@@ -57,6 +66,7 @@ def bench(name: str, args: list[str]) -> dict:
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     return {"case": name, "wall_s": round(wall, 1), "cpu_s": round(cpu, 1), "runs": runs,
             "candidates": len(plan), "simulated": int((plan["status"] == "ok").sum()),
+            "estimated": int((plan["status"] == "estimated").sum()), "pruned": int((plan["status"] == "pruned").sum()),
             "load_avg_1min": round(os.getloadavg()[0], 1)}
 
 
@@ -64,10 +74,13 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="only the 4-GPU rate case")
     ap.add_argument("--goodput", action="store_true", help="also the 4-GPU goodput ranking")
+    ap.add_argument("--cluster", action="store_true", help="also the --max-gpus 32 cluster plan")
     args = ap.parse_args()
     names = ["4 GPUs at 4 req/s"] if args.quick else ["4 GPUs at 4 req/s", "8 GPUs at 6 req/s"]
     if args.goodput:
         names.append("4 GPUs goodput")
+    if args.cluster:
+        names.append("up to 32 GPUs at 8 req/s")
     rows = []
     for name in names:
         if "azure-conv" in CASES[name] and trace_missing():

@@ -347,3 +347,19 @@ def test_cuda_graph_padding_by_hand():
     mb = g.pad(MicroBatch(0, 0, DECODE, [], reqs * 3, None, 512))
     assert mb.stats.pad_tokens == 12 - 9  # SGLang pads a decode batch's rows
     assert g.pad(MicroBatch(0, 0, EXTEND, [(reqs[0], 9, 0)], [], None, 512)).stats.pad_tokens == 0
+
+
+def test_plan_takes_engines_as_one_more_axis(tmp_path):
+    import pandas as pd
+
+    code, out, err = invoke(["plan", "--model", "llama-3.1-8b", "--gpu", "profiles/built/a100-sxm-80gb", "--gpus", "1",
+                             "--rate", "4", "--workload", "sharegpt", "--set", "workload.num_requests=40",
+                             "--engine", "fastpp,vllm-v1", "--seeds", "1", "--quick", "--out", str(tmp_path / "p"),
+                             "--no-progress"])
+    assert code == 0, err
+    df = pd.read_csv(tmp_path / "p" / "plan.csv")
+    ok = df[df["status"] == "ok"]
+    assert set(ok["engine"]) == {"fastpp", "vllm-v1"}
+    assert not ((ok["engine"] == "vllm-v1") & (ok["policy"] == "predictive+DS")).any()  # no rebalancer there
+    code, _, err = invoke(["plan", "--gpus", "1", "--rate", "1", "--engine", "vllm-v0", "--out", str(tmp_path / "q")])
+    assert code == 2 and "vllm-v0" in err

@@ -165,7 +165,8 @@ def test_plan_at_a_rate_writes_every_candidate_with_its_numbers(tmp_path, capsys
     assert code == 0
     df = pd.read_csv(out / "plan.csv")
     for col in ("p99_ttft_ms", "p90_tpot_ms", "mean_e2e_ms", "p50_tpot_ms", "slo_attainment", "kv_headroom",
-                "cost_per_million_requests", "meets_slo", "margin", "rank", "tied_with_best", "warnings", "num_seeds"):
+                "cost_per_million_requests", "meets_slo", "margin", "rank", "tied_with_best", "warnings", "num_seeds",
+                "gpus", "nodes", "mode"):
         assert col in df.columns, col
     sim = df[df["status"] == "ok"]
     # 2 GPUs of 14B: TP1xPP2, TP2xPP1, 2x(TP1xPP1) behind two routers; every policy
@@ -178,6 +179,7 @@ def test_plan_at_a_rate_writes_every_candidate_with_its_numbers(tmp_path, capsys
     assert doc["mode"] == "rate" and doc["slo"] == "P99 TTFT <= 3000 ms and P90 TPOT <= 150 ms"
     assert len(doc["candidates"]) == len(df) and doc["verdict"] in text
     assert (out / "plan.png").stat().st_size > 1000
+    assert set(df["mode"]) == {"colocated"} and set(df["nodes"]) == {1} and set(df["gpus"]) == {2}
 
 
 @pytest.mark.parametrize("seeds", [1, pytest.param(2, marks=pytest.mark.slow)])

@@ -20,8 +20,37 @@ EPILOG = """examples:
   ppsim plan --model qwen2.5-14b --gpus 4 --workload sharegpt --rate 0.5 --price-per-gpu-hour 1.8
   ppsim plan --model qwen2.5-32b --interconnect both --rate 4 --price-per-gpu-hour pcie=1.6,nvlink=2.2
   ppsim plan --model qwen2.5-32b --trace my_requests.csv --slo ttft:p95:1500   # replay at its timestamps
+  ppsim plan --model llama-3.1-70b --gpu h100-sxm-80gb --max-gpus 16 --rate 8 --slo ttft:p90:1000 --slo tpot:p90:50
+      # the fewest GPUs for 8 req/s: GPU counts up to 16 on 8-GPU nodes over InfiniBand NDR, co-located or
+      # disaggregated (prefill:decode), TP x PP per pool, chunk policy (sim/studies/cluster_plan.py)
 """
 
+
+
+def _int_list(text: str) -> tuple[int, ...]:
+    try:
+        vals = tuple(int(v) for v in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected integers separated by commas, e.g. 1,2,4") from None
+    if not vals or any(not 1 <= v <= 256 for v in vals):
+        raise argparse.ArgumentTypeError(f"{text!r}: each degree must be an integer in [1, 256]")
+    return vals
+
+
+def _engine_list(text: str) -> tuple[str, ...]:
+    vals = tuple(v.strip() for v in text.split(",") if v.strip())
+    if not vals:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected engine names, e.g. fastpp,sglang,vllm-v1")
+    return vals
+
+
+def _name_list(text: str) -> tuple[str, ...]:
+    vals = tuple(v.strip() for v in text.split(",") if v.strip())
+    bad = [v for v in vals if v not in POLICIES]
+    if not vals or bad:
+        raise argparse.ArgumentTypeError(f"{text!r}: unknown policy {bad[0] if bad else ''!r}; allowed: "
+                                         f"{', '.join(POLICIES)}")
+    return vals
 
 
 def add_commands(sub) -> None:
@@ -32,7 +61,28 @@ def add_commands(sub) -> None:
     p.add_argument("--interconnect", default="pcie",
                    help="pcie (a100-pcie-40gb), nvlink (a100-sxm-80gb-nvswitch) or both (like-for-like: "
                         "only the communication model differs)")
-    p.add_argument("--gpus", type=int_in(1, 4096), default=4, help="number of GPUs (default 4)")
+    p.add_argument("--gpus", type=int_in(1, 4096), default=None, help="number of GPUs (default 4)")
+    p.add_argument("--max-gpus", type=int_in(1, 4096), default=None, metavar="N",
+                   help="with --rate: the fewest GPUs up to N that meet the SLOs, over nodes, co-located and "
+                        "disaggregated deployments (--gpu defaults to h100-sxm-80gb)")
+    p.add_argument("--gpus-per-node", type=int_in(1, 64), default=8, help="--max-gpus: GPUs per node (default 8)")
+    p.add_argument("--network", default="ib-ndr", help="--max-gpus: the network between nodes "
+                                                        "(profiles/networks/; default ib-ndr)")
+    p.add_argument("--pp", type=_int_list, default=(1, 2, 4), metavar="1,2,4",
+                   help="--max-gpus: the PP degrees searched per pool (default 1,2,4)")
+    p.add_argument("--tp", type=_int_list, default=None, metavar="1,2,4,8",
+                   help="--max-gpus: the TP degrees searched per pool (default: 1, 2, 4, ... up to the node's GPUs)")
+    p.add_argument("--policies", type=_name_list, default=("static-512", "static-2048"), metavar="A,B",
+                   help="--max-gpus: the chunk policies searched (default static-512,static-2048; any of "
+                        + ", ".join(POLICIES) + ")")
+    p.add_argument("--confirm", type=int_in(1, 100), default=4,
+                   help="--max-gpus: candidates simulated in full per round, fewest GPUs first (default 4)")
+    p.add_argument("--kv-transfer", choices=("after_prefill", "layerwise"), default="after_prefill",
+                   help="--max-gpus: how disaggregated pools ship the KV (default after_prefill)")
+    p.add_argument("--first-token", choices=("decode", "prefill"), default="decode",
+                   help="--max-gpus: which pool emits token 1 (decode: vLLM/SGLang/Dynamo; prefill: DistServe)")
+    p.add_argument("--engine", type=_engine_list, default=("fastpp",), metavar="A,B",
+                   help="serving engines to plan over, one more axis: fastpp (default), sglang, vllm-v1")
     p.add_argument("--workload", default="azure-conv-synth", help="workload name or a workload TOML file")
     p.add_argument("--trace", default=None, metavar="FILE",
                    help="a CSV trace (Azure columns by default) replayed at its timestamps (scaled to --rate if given)")
@@ -73,14 +123,22 @@ def cmd_plan(args) -> int:
     if args.json:
         fsio.check_new_file(args.json, args.force, "--json")
 
+    if args.max_gpus is not None and args.gpus is not None:
+        from sim.core.errors import ConfigError
+
+        raise ConfigError("--gpus N ranks the deployments of exactly N GPUs; --max-gpus N finds the fewest up to N; "
+                          "allowed: one of them")
     source, rate = describe_workload({"name": args.workload})
     slo_text = slo_from_specs(args.slo, SLO(ttft_ms=args.slo_ttft_ms, tpot_ms=args.slo_tpot_ms)).describe()
     load = f"{args.rate:g} req/s (Poisson)" if getattr(args, "rate", None) else f"goodput search (Poisson), {rate} in the workload file"
     if getattr(args, "trace", None):
         load = f"the trace's own timestamps ({args.trace})"
+    gpus_text = (f"up to {args.max_gpus} ({args.gpu or 'h100-sxm-80gb'}, {args.gpus_per_node} per node, "
+                 f"{args.network} between nodes); co-located and disaggregated, TP x PP per pool"
+                 if args.max_gpus else f"{args.gpus or 4} ({args.gpu or args.interconnect}); every TP x PP x replicas split")
     print(format_header({
-        "model": args.model, "gpus": f"{args.gpus} ({args.gpu or args.interconnect}); every TP x PP x replicas split",
-        "chunk policy": f"each of {', '.join(POLICIES)}", "workload": source, "rate": load,
+        "model": args.model, "gpus": gpus_text,
+        "chunk policy": f"each of {', '.join(args.policies if args.max_gpus else POLICIES)}", "workload": source, "rate": load,
         "seed": f"1-{args.seeds} (paired)" if args.seeds > 1 else "1", "slo": slo_text,
     }), flush=True)
     df, meta = run_plan(args)
@@ -91,7 +149,10 @@ def cmd_plan(args) -> int:
     fsio.write_text(out / "plan.json", text)
     if args.json:
         fsio.write_text(args.json, text)
-    plot_plan(df, mode, meta["slo"], out / "plan.png")
+    plot_plan(df, mode, meta["slo"], out / "plan.png", out_tokens=meta.get("output_tokens_per_request"),
+              rate=meta.get("rate_rps"))
+    if args.max_gpus:
+        return _print_cluster(df, meta, args, out, slo)
     print(meta["load"] + f"; {meta['seeds']} paired seed(s); {meta['slo']}")
     for line in meta["interconnect_notes"]:
         print(line)
@@ -124,3 +185,41 @@ def cmd_plan(args) -> int:
     fsio.write_text(out / "recommendation.txt", meta["verdict"] + "\n")
     print(f"\nwrote {out}/plan.csv, plan.json, plan.png, recommendation.txt" + (f" and {args.json}" if args.json else ""))
     return 0
+
+
+def _print_cluster(df, meta, args, out, slo) -> int:
+    """The --max-gpus plan on the console: ranked candidates, what was pruned and why, the verdict."""
+    from sim.studies.verdict import cost_key
+
+    print(meta["load"] + f"; {meta['seeds']} paired seed(s); {meta['slo']}")
+    cols = ["rank", "deployment", "mode", "gpus", "nodes", *slo.keys(), "margin", "margin_ci_lo", "margin_ci_hi",
+            "goodput_rps", cost_key(df), "mean_kv_transfer_ms", "tied_with_best"]
+    shown = df[df["status"] == "ok"]
+    if not args.all:
+        shown = shown[shown["rank"].notna()].head(args.top)
+    with pd.option_context("display.width", 250, "display.max_columns", 30):
+        print(shown[[c for c in cols if c in df]].to_string(index=False, float_format=lambda v: f"{v:.3g}")
+              if len(shown) else "(no candidate qualifies)")
+    est = df[df["status"] == "estimated"]
+    if len(est):
+        print(f"\n{len(est)} more candidate(s) estimated from their screens, not simulated in full (candidates with "
+              f"fewer GPUs were): in {out}/plan.csv")
+    skipped = df[df["status"].isin(["pruned", "dropped"])]
+    if len(skipped):
+        print("\npruned or dropped, and why:")
+        for r in skipped.itertuples():
+            print(f"  {r.deployment}: {r.status}, {r.reason}")
+    warn = df[(df["warnings"] != "") & df["rank"].notna()]
+    if len(warn):
+        print("\nwarnings:")
+        for r in warn.itertuples():
+            print(f"  {r.deployment}: {r.warnings}")
+    if meta.get("by_mode_and_nodes"):
+        print("\nbest by mode and node count:")
+        for line in meta["by_mode_and_nodes"]:
+            print("  " + line)
+    print("\n" + meta["verdict"])
+    fsio.write_text(out / "recommendation.txt", meta["verdict"] + "\n")
+    print(f"\nwrote {out}/plan.csv, plan.json, plan.png, recommendation.txt" + (f" and {args.json}" if args.json else ""))
+    return 0
+

@@ -285,6 +285,12 @@ def plan_load(args, overrides: dict) -> PlanLoad:
                                                    f"scaled by {speedup:.3g} (mean {own:.3g} -> {args.rate:g} req/s)")
 
 
+def _output_tokens(table: dict, context: int = CONTEXT_TOKENS) -> float:
+    reqs = build_workload(table, seed=1)
+    return float(np.mean([min(r.prompt_tokens + r.output_tokens, context) - min(r.prompt_tokens, context)
+                          for r in reqs])) if reqs else 0.0
+
+
 def tokens_per_request(table: dict, context: int = CONTEXT_TOKENS) -> float:
     reqs = build_workload(table, seed=1)
     return float(np.mean([min(r.prompt_tokens + r.output_tokens, context) for r in reqs])) if reqs else 0.0
@@ -292,8 +298,14 @@ def tokens_per_request(table: dict, context: int = CONTEXT_TOKENS) -> float:
 
 # -- runs -----------------------------------------------------------------------------------
 
+def policies_for(c: dict) -> list[str]:
+    """The chunk policies a candidate is planned with: every one for FastPP; the others'
+    schedulers have no micro-batch rebalancer, so not predictive+DS."""
+    return [p for p in POLICIES if c.get("engine", "fastpp") == "fastpp" or POLICIES[p][2] is None]
+
+
 def deployment_table(workload: dict, profile: str, replicas: int, tp: int, pp: int, router: str, policy: str,
-                     slo: SLO, seed: int = 1, stop_early: bool = False) -> dict:
+                     slo: SLO, seed: int = 1, stop_early: bool = False, engine: str = "fastpp") -> dict:
     chunk_policy, chunk, rebalancer = POLICIES[policy]
     slo_table = {k: v for k, v in vars(slo).items() if v is not None}
     slo_table["stop_when_violated"] = stop_early
@@ -307,6 +319,8 @@ def deployment_table(workload: dict, profile: str, replicas: int, tp: int, pp: i
     }
     if rebalancer:
         table["scheduler"]["rebalancer"] = copy.deepcopy(rebalancer)
+    if engine != "fastpp":  # (a FastPP table stays as before engines were an axis: same cache keys)
+        table["scheduler"]["engine"] = engine
     return table
 
 
@@ -370,10 +384,17 @@ def label(r: dict) -> str:
     split = f"TP{r['tp']}xPP{r['pp']}"
     if r["replicas"] > 1:
         split = f"{r['replicas']}x({split}) {r['router']}"
-    return f"{r['interconnect']}: {split} {r['policy']}"
+    engine = r.get("engine", "fastpp")
+    return f"{r['interconnect']}: {split} {r['policy']}" + ("" if engine == "fastpp" else f" [{engine}]")
 
 
 def run_plan(args) -> tuple[pd.DataFrame, dict]:
+    if getattr(args, "max_gpus", None):  # the fewest GPUs over a cluster (sim/studies/cluster_plan.py)
+        from sim.studies.cluster_plan import run_cluster_plan
+
+        return run_cluster_plan(args)
+    if getattr(args, "gpus", None) is None:
+        args.gpus = 4
     if not (args.slo_ttft_ms > 0 and args.slo_tpot_ms > 0):
         raise ConfigError("--slo-ttft-ms, --slo-tpot-ms and --gpus must be positive")
     slo = slo_from_specs(args.slo, SLO(ttft_ms=args.slo_ttft_ms, tpot_ms=args.slo_tpot_ms))
@@ -411,12 +432,21 @@ def run_plan(args) -> tuple[pd.DataFrame, dict]:
                     progress=not args.no_progress)
     tokens = tokens_per_request(load.table)
     rows, cands = [], []
+    engines = list(getattr(args, "engine", None) or ["fastpp"])
+    for eng in engines:
+        if eng == "vllm-v0":
+            raise ConfigError("--engine vllm-v0: its steps take whole prompts (no chunk to plan over) and it runs "
+                              "pp = 1 only; allowed: fastpp, sglang, vllm-v1")
+        from sim.engine.schedulers import engine as engine_of
+
+        engine_of(eng, where="--engine")
     for fam_name, fam in families:
-        for sp in splits(fam, fam_name, args.model, args.gpus):
+        for sp, eng in ((sp, eng) for sp in splits(fam, fam_name, args.model, args.gpus) for eng in engines):
             routers = ["round-robin", "least-loaded"] if sp.replicas > 1 else ["single"]
             for router in routers:
                 base = {"interconnect": fam_name, "replicas": sp.replicas, "tp": sp.tp, "pp": sp.pp,
-                        "gpus": args.gpus, "router": router, "family": family(sp.replicas, sp.tp, sp.pp),
+                        "gpus": args.gpus, "nodes": 1, "mode": "colocated", "engine": eng,
+                        "router": router, "family": family(sp.replicas, sp.tp, sp.pp),
                         "profile": sp.profile, "kv_tokens": sp.kv_tokens}
                 if sp.reason:
                     rows.append({**base, "policy": "-", "status": "dropped", "reason": sp.reason})
@@ -440,7 +470,7 @@ def run_plan(args) -> tuple[pd.DataFrame, dict]:
     df["warnings"] = [_warnings(r, mode) for r in df.to_dict("records")]
     meta = {"mode": mode, "model": args.model, "gpus": args.gpus, "slo": slo.describe(), "seeds": len(seeds),
             "rate_rps": load.rate_rps, "load": load.note, "interconnect_notes": notes,
-            "tokens_per_request": tokens}
+            "tokens_per_request": tokens, "output_tokens_per_request": _output_tokens(load.table)}
     meta["verdict"] = verdict(df, mode, slo.describe(), load.rate_rps)
     return df, meta
 
@@ -450,12 +480,12 @@ def _plan_at_rate(runner, cands, load, slo, seeds, price, within: float) -> list
     once a percentile is certain to exceed twice its threshold; the other seeds run only for
     candidates that could matter: not stopped, and within `within` of the SLO boundary or of
     the best first-seed margin of their cost (others keep one seed, and say so)."""
-    items = [(c, p) for c in cands for p in POLICIES]
+    items = [(c, p) for c in cands for p in policies_for(c)]
 
     def table(c, policy, seed):
         router = "round-robin" if c["router"] == "single" else c["router"]
         t = deployment_table(load.table, c["profile"], c["replicas"], c["tp"], c["pp"], router, policy, slo, seed,
-                             stop_early=True)
+                             stop_early=True, engine=c.get("engine", "fastpp"))
         t["slo"]["stop_factor"] = STOP_FACTOR
         return t
 
@@ -497,7 +527,7 @@ def _plan_goodput(runner, cands, load, slo, seeds, price, args) -> list[dict]:
     def search(c, policy, seed, stop=True):
         router = "round-robin" if c["router"] == "single" else c["router"]
         table = deployment_table(load.table, c["profile"], c["replicas"], c["tp"], c["pp"], router, policy, slo,
-                                 seed, stop_early=stop)
+                                 seed, stop_early=stop, engine=c.get("engine", "fastpp"))
         rates = [r for r in RATES if r < c["throughput_bound_rps"]] + [round(c["throughput_bound_rps"], 4)]
         return Search({"policy": policy, "seed": seed}, table, sorted(set(rates)), slo=slo)
 
@@ -515,7 +545,7 @@ def _plan_goodput(runner, cands, load, slo, seeds, price, args) -> list[dict]:
                                    f"best split's {best[c['interconnect']]:.2f} req/s"})
         else:
             kept.append(c)
-    items = [(c, p) for c in kept for p in POLICIES]
+    items = [(c, p) for c in kept for p in policies_for(c)]
     first = goodput_searches(runner, [search(c, p, seeds[0]) for c, p in items], tol=tol, desc="plan: goodput",
                              full_sweep=False)
     # The other seeds only where they can matter: within GOODPUT_REPLICATE of the best first-seed
@@ -553,6 +583,7 @@ def _plan_goodput(runner, cands, load, slo, seeds, price, args) -> list[dict]:
                      "gpu_hours_per_million_requests": cost_per_million(1.0, c["gpus"], m),
                      "cost_per_million_requests": cost_per_million(price[c["interconnect"]], c["gpus"], m),
                      **{f"{k}_at_80pct": _num(r.get(k)) for k in slo.keys()},
+                     "mean_tpot_ms_at_80pct": _num(r.get("mean_tpot_ms")),
                      "kv_headroom_at_80pct": head, "flag": "; ".join(flags),
                      "edge": "top" if any("not_bracketed" in f or "extended" in f for f in flags) else ""})
     return rows
@@ -572,32 +603,101 @@ def _warnings(r: dict, mode: str) -> str:
     return "; ".join(w)
 # -- outputs --------------------------------------------------------------------------------
 
-def plot_plan(df: pd.DataFrame, mode: str, slo: str, path: Path) -> None:
-    """One bar per candidate: margin at the rate (or goodput with its CI); pruned and dropped
-    candidates greyed, with the reason."""
-    fig, ax = plt.subplots(figsize=(11, 0.26 * len(df) + 1.6))
-    y = np.arange(len(df))
-    sim = (df["status"] == "ok").to_numpy()
+MODE_COLORS = {"colocated": "tab:blue", "disaggregated": "tab:orange"}
+NODE_MARKERS = {1: "o", 2: "s", 3: "^", 4: "D"}
+
+
+def pareto_points(df: pd.DataFrame, mode: str, out_tokens: float | None) -> pd.DataFrame:
+    """Every candidate with numbers as a point: x = tokens/s per user (1000 / mean TPOT), y = output tokens/s
+    per GPU at the rate (goodput mode: at the goodput), `front` on the Pareto frontier of the two (no other
+    point at least as good in both and better in one)."""
+    tpot_col = "mean_tpot_ms_at_80pct" if mode == "goodput" else "mean_tpot_ms"
+    if tpot_col not in df or not out_tokens:
+        return pd.DataFrame(columns=["x", "y", "front"])
+    pts = df[df["status"].isin(["ok", "estimated"])].copy()
+    tpot = pts[tpot_col].astype(float)
+    load = pts["goodput_rps"].astype(float) if mode == "goodput" else pts["rate_rps"].astype(float)
+    pts["x"] = 1000.0 / tpot
+    pts["y"] = load * out_tokens / pts["gpus"].astype(float)
+    pts = pts[np.isfinite(pts["x"]) & np.isfinite(pts["y"])]
+    xs, ys = pts["x"].to_numpy(), pts["y"].to_numpy()
+    front = [not np.any((xs >= x) & (ys >= y) & ((xs > x) | (ys > y))) for x, y in zip(xs, ys)]
+    pts["front"] = front
+    return pts
+
+
+def plot_plan(df: pd.DataFrame, mode: str, slo: str, path: Path, out_tokens: float | None = None,
+              rate: float | None = None) -> None:
+    """Two panels: the Pareto frontier of throughput per GPU against per-user speed (every candidate with
+    numbers a point, colour = co-located or disaggregated, marker = nodes, hollow = misses the SLOs, the
+    chosen deployment starred), then the top 20 candidates' margin at the rate (or goodput with its CI),
+    readable; the rest are in plan.csv."""
+    pts = pareto_points(df, mode, out_tokens)
+    top = df[df["status"].isin(["ok", "estimated"])].head(20)
+    fig, (ax, bx) = plt.subplots(2, 1, figsize=(11, 6.5 + 0.32 * max(len(top), 4)),
+                                 gridspec_kw={"height_ratios": [6.5, 0.32 * max(len(top), 4) + 0.6]})
+    ranked = df["rank"] if "rank" in df else pd.Series(np.nan, index=df.index)
+    for _, r in pts.iterrows():
+        meets = bool(r.get("meets_slo")) if r["status"] == "ok" else \
+            (isinstance(r.get("screen_margin"), float) and r["screen_margin"] >= 0)
+        color = MODE_COLORS.get(r.get("mode", "colocated"), "tab:gray")
+        nodes = int(r.get("nodes", 1) or 1) if r.get("nodes", 1) == r.get("nodes", 1) else 1
+        ax.scatter(r["x"], r["y"], marker=NODE_MARKERS.get(nodes, "P"), s=46, edgecolors=color,
+                   facecolors=color if meets else "none", alpha=1.0 if r["status"] == "ok" else 0.45, linewidths=1.2)
+    front = pts[pts["front"]].sort_values("x")
+    if len(front):
+        ax.step(front["x"], front["y"], where="post", color="k", lw=1.0, label="Pareto frontier")
+    best = df[ranked == 1]
+    if len(best) and len(pts):
+        b = pts.loc[pts.index.intersection(best.index)]
+        if len(b):
+            ax.scatter(b["x"], b["y"], marker="*", s=320, facecolors="none", edgecolors="red", linewidths=1.6,
+                       label=f"chosen: {best.iloc[0]['deployment']}")
+    from matplotlib.lines import Line2D
+
+    handles = [Line2D([], [], ls="", marker="o", color=c, label=m) for m, c in MODE_COLORS.items()
+               if "mode" in pts and (pts["mode"] == m).any()]
+    handles += [Line2D([], [], ls="", marker=mk, color="k", markerfacecolor="none", label=f"{n} node{'s' if n > 1 else ''}")
+                for n, mk in NODE_MARKERS.items() if "nodes" in pts and (pts["nodes"] == n).any()]
+    handles += [Line2D([], [], ls="", marker="o", color="gray", markerfacecolor="none", label="misses the SLOs")]
+    h0, l0 = ax.get_legend_handles_labels()
+    ax.legend(h0 + handles, l0 + [h.get_label() for h in handles], fontsize=8, loc="best")
+    load = "goodput" if mode == "goodput" else (f"{rate:g} req/s" if rate else "the rate")
+    ax.set_xlabel("tokens/s per user (1000 / mean TPOT)")
+    ax.set_ylabel(f"output tokens/s per GPU at {load}")
+    ax.set_title(f"ppsim plan: every candidate with numbers (faint: screen estimate); {slo}", fontsize=10)
+    ax.grid(alpha=0.3)
+    if not len(pts):
+        ax.text(0.5, 0.5, "no candidate with numbers", transform=ax.transAxes, ha="center")
+    # the top 20, readable
+    y = np.arange(len(top))
     if mode == "rate":
-        vals = df["margin"].astype(float).clip(lower=-1.0).fillna(0.0).where(sim, 0.0) * 100
-        colors = ["tab:green" if ok and m else "tab:red" if ok else "lightgray"
-                  for ok, m in zip(sim, df.get("meets_slo", pd.Series([False] * len(df))).fillna(False))]
-        ax.barh(y, vals, color=colors)
-        ax.axvline(0, color="k", lw=0.8)
-        ax.set_xlabel(f"SLO margin at the rate, % (1 - percentile / threshold; clipped at -100%)\n{slo}")
+        marg = top["margin"].astype(float) if "margin" in top else pd.Series(np.nan, index=top.index)
+        if "screen_margin" in top:
+            marg = marg.where(top["status"] == "ok", top["screen_margin"].astype(float))
+        vals = marg.clip(lower=-1.0).fillna(0.0) * 100
+        meets = top.get("meets_slo", pd.Series(False, index=top.index)).fillna(False).astype(bool)
+        colors = ["tab:green" if m else "tab:red" if s == "ok" else "lightgray" for m, s in zip(meets, top["status"])]
+        bx.barh(y, vals, color=colors)
+        bx.axvline(0, color="k", lw=0.8)
+        bx.set_xlabel("SLO margin at the rate, % (1 - percentile / threshold; grey: screen estimate)")
     else:
-        vals = df["goodput_rps"].astype(float).fillna(0.0).where(sim, 0.0)
-        err = np.array([(vals - df["goodput_ci_lo"].fillna(vals)).clip(lower=0), (df["goodput_ci_hi"].fillna(vals) - vals).clip(lower=0)])
-        ax.barh(y, vals, xerr=np.where(sim, err, 0), color=["tab:blue" if ok else "lightgray" for ok in sim])
-        ax.set_xlabel(f"goodput (req/s), mean and 95% CI over seeds; {slo}")
-    for i, r in enumerate(df.to_dict("records")):
-        if r["status"] != "ok":
-            ax.text(0, i, f"  {r['status']}: {r['reason']}", va="center", fontsize=6, color="dimgray")
-    ax.set_yticks(y, df["deployment"], fontsize=6)
-    ax.invert_yaxis()
-    ax.set_title("ppsim plan: every candidate (grey: not simulated, with the reason)")
+        vals = top["goodput_rps"].astype(float).fillna(0.0)
+        err = np.array([(vals - top["goodput_ci_lo"].fillna(vals)).clip(lower=0),
+                        (top["goodput_ci_hi"].fillna(vals) - vals).clip(lower=0)])
+        bx.barh(y, vals, xerr=err, color="tab:blue")
+        bx.set_xlabel("goodput (req/s), mean and 95% CI over seeds")
+    labels = [f"{r['deployment']} ({int(r['gpus'])} GPUs)" if r.get("gpus") == r.get("gpus") else str(r["deployment"])
+              for r in top.to_dict("records")]
+    bx.set_yticks(y, labels, fontsize=8)
+    bx.invert_yaxis()
+    left = int(df["status"].isin(["ok", "estimated"]).sum()) - len(top)
+    bx.set_title(f"top {len(top)} candidates" + (f" ({left} more, and the pruned and dropped ones, in plan.csv)"
+                                                  if left > 0 or (df["status"].isin(["pruned", "dropped"])).any()
+                                                  else ""), fontsize=10)
     from sim.core.fsio import save_figure
 
+    fig.tight_layout()
     save_figure(fig, path, dpi=110, bbox_inches="tight")
     plt.close(fig)
 

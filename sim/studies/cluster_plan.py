@@ -1,0 +1,680 @@
+"""`ppsim plan --rate R --max-gpus N`: the fewest GPUs (then the lowest cost) that serve R req/s within the
+SLOs, over GPU counts up to N on nodes of `--gpus-per-node` GPUs joined by `--network`, co-located or
+disaggregated (prefill:decode ratios), TP x PP per pool and chunk policy (issue 34).
+
+Candidates
+- Instance shapes: TP over `--tp` (default 1, 2, 4, 8, ... up to the node's GPUs: a TP group inside one node;
+  wider TP is not searched), PP over `--pp` (default 1, 2, 4), at most N GPUs; a shape without a profile, or whose KV
+  pool cannot hold one full-context request, is dropped with the reason.
+- Co-located: k replicas of a shape with a chunk policy (`--policies`, default static-512 and
+  static-2048), behind a least-loaded router.
+- Disaggregated: P prefill instances of a shape with a chunk policy + D decode instances of a shape
+  (`[disaggregation]`, sim/engine/disagg.py; `--kv-transfer`, `--first-token`), least-loaded routers.
+  Every deployment is placed on the nodes in order (sim/profiling/cluster.py), so its `nodes` and its
+  cross-node sends are those of the placement.
+
+The search, with its stated bounds (each candidate's row says which one decided it)
+1. Throughput bound (`sim.studies.plan.throughput_bound_rps`: every token crosses every layer's linear
+   part at the profile's cheapest per-token time): an instance serves at most b requests/s (prompt and
+   output tokens for a co-located replica, prompt tokens for a prefill instance, output tokens for a
+   decode instance), so R needs at least ceil(R / b) instances; a shape needing more than N GPUs that way
+   is *pruned* (overloaded).
+2. Screens, one instance at its share of the load: k replicas behind a router split R into k streams of
+   R / k, so a replica's screen is one replica at R / k; the smallest k that meets the SLOs is found by
+   bisection between the bound and N / GPUs (more replicas never hurt: assumed monotone, as the goodput
+   search assumes in the rate). Pools are screened the same way: a decode instance at R / D with ample
+   prefill instances (of the largest prefill shape, as many as keep each below a quarter of its bound),
+   for the whole SLO; a prefill instance at R / P with ample decode instances (the best decode shape's
+   count for its share, plus one), for the TTFT objective only. A disaggregated deployment's capacity is
+   composed from its pools' (P and D found independently). A shape or pool that misses even at the most
+   instances N allows is *pruned* (screen).
+3. Confirmation: the candidates with the fewest GPUs (`--confirm`, default 4 per round, up to 3 rounds;
+   the first round adds the fewest-GPU candidate of each mode and node count) are simulated in full (every instance, router, placement, KV transfers) over the paired seeds; one that
+   misses gets the next count of the instance kind it missed with (TTFT: prefill, TPOT: decode) in the
+   next round. A candidate not confirmed keeps its screen numbers (status `estimated`).
+4. Cost: each confirmed candidate's goodput (first seed, a goodput search from R upward), and its cost per
+   million requests at that goodput (`--price-per-gpu-hour`, else GPU-hours), since at R itself the cost of
+   equal GPU counts is equal.
+
+Ranking: confirmed candidates meeting the SLOs on every seed, by fewest GPUs, then cost at goodput, then
+margin (mean over seeds); those of the best one's GPU count whose margin CI overlaps its are tied.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+from sim.core.errors import ConfigError
+from sim.core.lazy import lazy
+from sim.core.slo import SLO
+from sim.latency.profiled import Profile, kv_capacity_tokens
+from sim.studies.plan import (CONTEXT_TOKENS, MEM_FRACTION, POLICIES, at_rate_row, cost_per_million,
+                              deployment_table, resolve_profile, throughput_bound_rps, weights_reason, _short)
+from sim.studies.sweep import Runner, Search, goodput_searches
+
+np = lazy("numpy")
+pd = lazy("pandas")
+
+DEFAULT_POLICIES = ("static-512", "static-2048")
+DEFAULT_PP = (1, 2, 4)
+PREFILL_SHARE = 0.25     # an ample prefill instance runs at most this share of its throughput bound
+RELAXED_MS = 1e9         # the objective a pool screen does not judge (TPOT for a prefill screen)
+ROUNDS = 3
+
+
+@dataclass(frozen=True)
+class Shape:
+    tp: int
+    pp: int
+    profile: str
+    kv: int
+
+    @property
+    def gpus(self) -> int:
+        return self.tp * self.pp
+
+    def text(self) -> str:
+        return f"TP{self.tp}xPP{self.pp}"
+
+
+@dataclass
+class Cand:
+    mode: str                 # colocated | disaggregated
+    policy: str
+    shape: Shape | None = None        # colocated
+    replicas: int = 0
+    pshape: Shape | None = None       # disaggregated
+    P: int = 0
+    dshape: Shape | None = None
+    D: int = 0
+    screen: dict | None = None        # the screen summary that judged it (co-located: the replica's)
+
+    @property
+    def gpus(self) -> int:
+        if self.mode == "colocated":
+            return self.replicas * self.shape.gpus
+        return self.P * self.pshape.gpus + self.D * self.dshape.gpus
+
+    def key(self) -> tuple:
+        if self.mode == "colocated":
+            return ("c", self.shape, self.replicas, self.policy)
+        return ("d", self.pshape, self.P, self.policy, self.dshape, self.D)
+
+    def label(self) -> str:
+        if self.mode == "colocated":
+            return f"colocated {self.replicas}x({self.shape.text()}) {self.policy}"
+        return (f"disagg P {self.P}x({self.pshape.text()}) {self.policy} + D {self.D}x({self.dshape.text()})")
+
+
+class CountSearch:
+    """The smallest instance count in [lo, hi] whose probe passes (monotone in the count): the top first,
+    then bisection."""
+
+    def __init__(self, name: str, lo: int, hi: int, make, passes) -> None:
+        self.name, self.lo, self.hi, self.make, self.passes = name, lo, hi, make, passes
+        self.results: dict[int, dict] = {}
+        self.best: int | None = None      # smallest passing count
+        self.fail = lo - 1                # largest failing count
+        self.done = lo > hi
+
+    def probe(self) -> int | None:
+        if self.done:
+            return None
+        if self.hi not in self.results:
+            return self.hi
+        if self.best is None or self.best - self.fail <= 1:
+            self.done = True
+            return None
+        return (self.fail + self.best) // 2
+
+    def record(self, count: int, summary: dict) -> None:
+        self.results[count] = summary
+        if self.passes(summary):
+            self.best = count if self.best is None else min(self.best, count)
+        else:
+            self.fail = max(self.fail, count)
+        if self.best is None and count == self.hi:
+            self.done = True
+
+
+def run_searches(runner: Runner, searches: list[CountSearch], desc: str) -> None:
+    """Advance every search one probe per round, all probes of a round in one parallel batch."""
+    while True:
+        probes = [(s, s.probe()) for s in searches]
+        probes = [(s, c) for s, c in probes if c is not None]
+        if not probes:
+            return
+        res = runner.run([s.make(c) for s, c in probes], desc=desc)
+        for (s, c), summ in zip(probes, res):
+            s.record(c, summ)
+
+
+def shapes_of(fam: Path, model: str, max_gpus: int, gpn: int, pps: tuple[int, ...],
+              tps: tuple[int, ...] | None = None) -> tuple[list[Shape], list[dict]]:
+    """The instance shapes (module docstring), and a row for each one dropped, with the reason."""
+    ok, dropped = [], []
+    if tps is not None:
+        wide = [t for t in tps if t > gpn]
+        if wide:
+            raise ConfigError(f"--tp {wide[0]}: a TP group wider than a node ({gpn} GPUs, --gpus-per-node) is not "
+                              f"searched; allowed: TP <= {gpn}")
+    tps = [t for t in (tps or (1, 2, 4, 8, 16, 32, 64)) if t <= gpn and t <= max_gpus]
+    for tp in tps:
+        path, reason = resolve_profile(fam, model, tp)
+        for pp in pps:
+            if tp * pp > max_gpus:
+                continue
+            base = {"mode": "-", "tp": tp, "pp": pp, "gpus": tp * pp, "policy": "-", "status": "dropped",
+                    "deployment": f"instance TP{tp}xPP{pp}"}
+            if path is None:
+                dropped.append({**base, "reason": reason})
+                continue
+            prof = Profile.load(path)
+            if pp > prof.shape().num_layers:
+                dropped.append({**base, "reason": f"PP {pp} > the model's {prof.shape().num_layers} layers"})
+                continue
+            kv = kv_capacity_tokens(prof, pp, MEM_FRACTION)
+            if kv < CONTEXT_TOKENS:
+                dropped.append({**base, "reason": weights_reason(fam, model, tp, pp) or
+                                f"does not fit: KV pool {max(kv, 0)} tokens < one {CONTEXT_TOKENS}-token request"})
+                continue
+            ok.append(Shape(tp, pp, _short(path), kv))
+    return ok, dropped
+
+
+class ClusterPlan:
+    def __init__(self, args, runner: Runner, load, slo: SLO, seeds: list[int], price: float | None,
+                 fam: Path, tokens: dict[str, float]) -> None:
+        self.args, self.runner, self.load, self.slo, self.seeds = args, runner, load, slo, seeds
+        self.price = price
+        self.fam = fam
+        self.rate = float(load.rate_rps)
+        self.N = args.max_gpus
+        self.gpn = args.gpus_per_node
+        self.network = args.network
+        self.tokens = tokens
+        self.policies = list(args.policies)
+        self.rows: list[dict] = []
+        self.pruned = 0
+        from sim.profiling.cluster import ClusterSpec, profile_hardware
+
+        self._hw: dict[str, tuple] = {}
+        self._nodes: dict[tuple, int] = {}
+        self._spec = ClusterSpec
+        self._profile_hw = profile_hardware
+
+    # -- tables --------------------------------------------------------------------------------------------
+    def nodes_of(self, pools: list[tuple[str, int, Shape]]) -> int:
+        from sim.profiling.cluster import PoolShape, place
+
+        key = tuple(pools)
+        if key in self._nodes:
+            return self._nodes[key]
+        shape = pools[0][2]
+        if shape.profile not in self._hw:
+            prof = Profile.load(Path(shape.profile) if Path(shape.profile).is_absolute()
+                                else Path(__file__).resolve().parents[2] / shape.profile)
+            self._hw[shape.profile] = self._profile_hw(prof.meta, prof.path)
+        gpu, ic = self._hw[shape.profile]
+        spec = self._spec(10_000, self.gpn, gpu or "h100-sxm-80gb", ic or "nvswitch", self.network)
+        self._nodes[key] = place(spec, [PoolShape(n, k, s.tp, s.pp) for n, k, s in pools]).nodes_used
+        return self._nodes[key]
+
+    def cluster(self, nodes: int) -> dict:
+        return {"nodes": nodes, "gpus_per_node": self.gpn, "network": self.network}
+
+    def slo_table(self, slo: SLO, stop: bool) -> dict:
+        t = {k: v for k, v in vars(slo).items() if v is not None}
+        t["stop_when_violated"] = stop
+        return t
+
+    def workload(self, rate: float) -> dict:
+        wl = copy.deepcopy(self.load.table)
+        wl["rate_rps"] = float(rate)
+        return wl
+
+    def coloc_table(self, shape: Shape, k: int, policy: str, rate: float, seed: int, stop: bool) -> dict:
+        t = deployment_table(self.workload(rate), shape.profile, k, shape.tp, shape.pp,
+                             "least-loaded" if k > 1 else "round-robin", policy, self.slo, seed, stop_early=stop)
+        t["cluster"] = self.cluster(self.nodes_of([("colocated", k, shape)]))
+        return t
+
+    def disagg_table(self, ps: Shape, P: int, policy: str, ds: Shape, D: int, rate: float, seed: int, stop: bool,
+                     slo: SLO | None = None) -> dict:
+        chunk_policy, chunk, _reb = POLICIES[policy]
+        pool = lambda s, k: {"instances": k, "tp": s.tp, "pp": s.pp, "profile": s.profile,  # noqa: E731
+                             "router": "least-loaded"}
+        return {"seed": seed, "scheduler": {"chunk_size_tokens": chunk},
+                "latency": {"kind": "profile", "profile": ds.profile},
+                "slo": self.slo_table(slo or self.slo, stop), "workload": self.workload(rate),
+                "cluster": self.cluster(self.nodes_of([("prefill", P, ps), ("decode", D, ds)])),
+                "disaggregation": {"kv_transfer": self.args.kv_transfer, "first_token": self.args.first_token,
+                                   "prefill": {**pool(ps, P), "chunk_size_tokens": chunk,
+                                               "chunk_policy": copy.deepcopy(chunk_policy)},
+                                   "decode": pool(ds, D)}}
+
+    def table_of(self, c: Cand, seed: int, stop: bool) -> dict:
+        if c.mode == "colocated":
+            return self.coloc_table(c.shape, c.replicas, c.policy, self.rate, seed, stop)
+        return self.disagg_table(c.pshape, c.P, c.policy, c.dshape, c.D, self.rate, seed, stop)
+
+    # -- bounds --------------------------------------------------------------------------------------------
+    def bound(self, s: Shape, which: str) -> float:
+        return throughput_bound_rps(s.profile, s.pp, 1, self.tokens[which])
+
+    def _prune(self, base: dict, reason: str) -> None:
+        self.pruned += 1
+        self.rows.append({**base, "status": "pruned", "reason": reason})
+
+    # -- the search ----------------------------------------------------------------------------------------
+    def run(self, shapes: list[Shape]) -> list[dict]:
+        R, N, slo = self.rate, self.N, self.slo
+        seed = self.seeds[0]
+        ttft_only = SLO(ttft_ms=slo.ttft_ms, ttft_percentile=slo.ttft_percentile, tpot_ms=RELAXED_MS,
+                        tpot_percentile=slo.tpot_percentile)
+        searches: list[tuple[str, tuple, CountSearch]] = []
+        # co-located replicas
+        for s in shapes:
+            lo = max(1, math.ceil(R / self.bound(s, "total") - 1e-9))
+            hi = N // s.gpus
+            for pol in self.policies:
+                base = {"mode": "colocated", "tp": s.tp, "pp": s.pp, "policy": pol, "profile": s.profile,
+                        "deployment": f"colocated kx({s.text()}) {pol}"}
+                if lo > hi:
+                    self._prune(base, f"overloaded: the throughput bound ({self.bound(s, 'total'):.3g} req/s per "
+                                      f"replica) needs >= {lo} replicas = {lo * s.gpus} GPUs > {N}")
+                    continue
+                searches.append(("colocated", (s, pol), CountSearch(
+                    f"{s.text()} {pol}", lo, hi,
+                    lambda k, s=s, pol=pol: self.coloc_table(s, 1, pol, R / k, seed, True),
+                    slo.meets)))
+        # decode pools: ample prefill of the largest prefill shape that fits one node
+        pfast = max(shapes, key=lambda s: (s.pp == 1, s.tp, -s.pp))
+        pbound = self.bound(pfast, "prompt")
+
+        def ample_prefill(rate: float) -> int:
+            return max(1, math.ceil(rate / (PREFILL_SHARE * pbound)))
+
+        dsearch: dict[Shape, CountSearch] = {}
+        for s in shapes:
+            lo = max(1, math.ceil(R / self.bound(s, "output") - 1e-9))
+            hi = (N - 1) // s.gpus
+            base = {"mode": "disaggregated", "tp": s.tp, "pp": s.pp, "policy": "-", "profile": s.profile,
+                    "deployment": f"disagg decode pool Dx({s.text()})"}
+            if hi < 1:
+                self._prune(base, f"too large: a decode instance of {s.gpus} GPUs leaves none of the {N} for prefill")
+                continue
+            if lo > hi:
+                self._prune(base, f"overloaded: the decode throughput bound ({self.bound(s, 'output'):.3g} req/s per "
+                                  f"instance) needs >= {lo} decode instances = {lo * s.gpus} GPUs > {N - 1}")
+                continue
+            dsearch[s] = CountSearch(
+                f"decode {s.text()}", lo, hi,
+                lambda D, s=s: self.disagg_table(pfast, ample_prefill(R / D), "static-2048", s, 1, R / D, seed, True),
+                slo.meets)
+        run_searches(self.runner, [x for _, _, x in searches] + list(dsearch.values()), "plan: screens")
+        # prefill pools: ample decode of the best decode shape (fewest GPUs for R)
+        dbest = min((s for s in dsearch if dsearch[s].best is not None),
+                    key=lambda s: (dsearch[s].best * s.gpus, s.gpus), default=None)
+        psearch: dict[tuple, CountSearch] = {}
+        if dbest is not None:
+            dcount = dsearch[dbest].best
+            for s in shapes:
+                lo = max(1, math.ceil(R / self.bound(s, "prompt") - 1e-9))
+                hi = (N - dbest.gpus) // s.gpus
+                for pol in self.policies:
+                    base = {"mode": "disaggregated", "tp": s.tp, "pp": s.pp, "policy": pol, "profile": s.profile,
+                            "deployment": f"disagg prefill pool Px({s.text()}) {pol}"}
+                    if POLICIES[pol][2] is not None:
+                        self._prune(base, f"{pol}: a rebalancer moves decodes between slots; a prefill instance has none")
+                        continue
+                    if hi < 1:
+                        self._prune(base, f"too large: a prefill instance of {s.gpus} GPUs and one decode instance of "
+                                          f"the best decode shape ({dbest.gpus} GPUs) exceed {N} GPUs")
+                        continue
+                    if lo > hi:
+                        self._prune(base, f"overloaded: the prefill throughput bound ({self.bound(s, 'prompt'):.3g} "
+                                          f"req/s per instance) needs >= {lo} prefill instances = {lo * s.gpus} GPUs")
+                        continue
+                    psearch[(s, pol)] = CountSearch(
+                        f"prefill {s.text()} {pol}", lo, hi,
+                        lambda P, s=s, pol=pol: self.disagg_table(s, 1, pol, dbest, math.ceil(dcount / P) + 1, R / P,
+                                                                  seed, True, slo=ttft_only),
+                        ttft_only.meets)
+            run_searches(self.runner, list(psearch.values()), "plan: prefill screens")
+        cands: list[Cand] = []
+        for mode, (s, pol), cs in searches:
+            if cs.best is None:
+                self._prune({"mode": "colocated", "tp": s.tp, "pp": s.pp, "policy": pol, "profile": s.profile,
+                             "deployment": f"colocated kx({s.text()}) {pol}"},
+                            f"screen: one replica misses the SLOs at {R / cs.hi:.3g} req/s, its share with "
+                            f"{cs.hi} replicas (the most {N} GPUs allow)")
+                continue
+            cands.append(Cand("colocated", pol, shape=s, replicas=cs.best, screen=cs.results[cs.best]))
+        for s, cs in dsearch.items():
+            if cs.best is None:
+                self._prune({"mode": "disaggregated", "tp": s.tp, "pp": s.pp, "policy": "-", "profile": s.profile,
+                             "deployment": f"disagg decode pool Dx({s.text()})"},
+                            f"screen: one decode instance misses the SLOs at {R / cs.hi:.3g} req/s with ample prefill "
+                            f"({cs.hi} instances, the most {N} GPUs allow)")
+        for (ps, pol), cs in psearch.items():
+            if cs.best is None:
+                self._prune({"mode": "disaggregated", "tp": ps.tp, "pp": ps.pp, "policy": pol, "profile": ps.profile,
+                             "deployment": f"disagg prefill pool Px({ps.text()}) {pol}"},
+                            f"screen: one prefill instance misses the TTFT SLO at {R / cs.hi:.3g} req/s with ample "
+                            f"decode ({cs.hi} instances)")
+                continue
+            for ds, dcs in dsearch.items():
+                if dcs.best is None:
+                    continue
+                c = Cand("disaggregated", pol, pshape=ps, P=cs.best, dshape=ds, D=dcs.best,
+                         screen=_compose(cs.results[cs.best], dcs.results[dcs.best]))
+                if c.gpus > N:
+                    self._prune({"mode": "disaggregated", "tp": ps.tp, "pp": ps.pp, "policy": pol,
+                                 "deployment": c.label(), "gpus": c.gpus},
+                                f"composed: {cs.best} prefill + {dcs.best} decode instances need {c.gpus} GPUs > {N}")
+                    continue
+                cands.append(c)
+        return self.confirm(cands)
+
+    def confirm(self, cands: list[Cand]) -> list[dict]:
+        """Full simulations of the fewest-GPU candidates, over every seed (module docstring, step 3)."""
+        seen: dict[tuple, Cand] = {c.key(): c for c in cands}
+        queue = sorted(seen.values(), key=lambda c: (c.gpus, -self._screen_margin(c)))
+        done: dict[tuple, list[dict]] = {}
+        for rnd in range(ROUNDS):
+            batch = [c for c in queue if c.key() not in done][:self.args.confirm]
+            if rnd == 0:  # and the fewest-GPU candidate of each mode and node count, so that the answer compares them
+                groups: dict[tuple, Cand] = {}
+                for c in queue:
+                    groups.setdefault((c.mode, self.cand_nodes(c)), c)
+                batch += [c for c in groups.values() if c not in batch]
+            if not batch:
+                break
+            res = self.runner.run([self.table_of(c, s, True) for c in batch for s in self.seeds],
+                                  desc="plan: confirm in full")
+            k = len(self.seeds)
+            met = False
+            for i, c in enumerate(batch):
+                summ = res[i * k:(i + 1) * k]
+                done[c.key()] = summ
+                if all(self.slo.meets(x) for x in summ):
+                    met = True
+                    continue
+                bumped = self._bump(c, summ[0])
+                if bumped is not None and bumped.key() not in seen:
+                    seen[bumped.key()] = bumped
+                    queue.append(bumped)
+            queue.sort(key=lambda c: (c.gpus, -self._screen_margin(c)))
+            best_gpus = min((c.gpus for c in batch if all(self.slo.meets(x) for x in done[c.key()])), default=None)
+            if met and best_gpus is not None and all(c.gpus > best_gpus or c.key() in done for c in queue):
+                break
+        ok = [c for c in seen.values() if c.key() in done and all(self.slo.meets(x) for x in done[c.key()])]
+        goodput = self._goodputs(ok)
+        rows = []
+        for c in seen.values():
+            rows.append(self._row(c, done.get(c.key()), goodput.get(c.key())))
+        return rows
+
+    def cand_nodes(self, c: Cand) -> int:
+        if c.mode == "colocated":
+            return self.nodes_of([("colocated", c.replicas, c.shape)])
+        return self.nodes_of([("prefill", c.P, c.pshape), ("decode", c.D, c.dshape)])
+
+    def _screen_margin(self, c: Cand) -> float:
+        m = self.slo.margin(c.screen) if c.screen else math.nan
+        return m if math.isfinite(m) else -math.inf
+
+    def _bump(self, c: Cand, summ: dict) -> Cand | None:
+        """The next count of the instance kind that missed (TTFT: prefill, else decode / replicas)."""
+        if c.mode == "colocated":
+            n = Cand("colocated", c.policy, shape=c.shape, replicas=c.replicas + 1, screen=c.screen)
+        else:
+            ttft = summ.get(f"p{self.slo.ttft_percentile:g}_ttft_ms")
+            prefill_missed = ttft is None or ttft > self.slo.ttft_ms
+            n = Cand("disaggregated", c.policy, pshape=c.pshape, P=c.P + prefill_missed, dshape=c.dshape,
+                     D=c.D + (not prefill_missed), screen=c.screen)
+        return n if n.gpus <= self.N else None
+
+    def _goodputs(self, ok: list[Cand]) -> dict[tuple, float]:
+        """First-seed goodput of each confirmed candidate, searched from R upward (cost at goodput)."""
+        if not ok:
+            return {}
+        R = self.rate
+        rates = sorted({round(R * f, 4) for f in (1.0, 1.25, 1.5, 2.0, 3.0)})
+        searches = [Search({"key": i}, self._table_no_rate(c), rates, slo=self.slo) for i, c in enumerate(ok)]
+        found = goodput_searches(self.runner, searches, tol=max(0.05, round(0.05 * R, 2)), desc="plan: goodput",
+                                 full_sweep=False)
+        return {c.key(): f["goodput_rps"] for c, f in zip(ok, found)}
+
+    def _table_no_rate(self, c: Cand) -> dict:
+        t = self.table_of(c, self.seeds[0], True)
+        return t
+
+    def _row(self, c: Cand, summ: list[dict] | None, goodput: float | None) -> dict:
+        base = {"mode": c.mode, "deployment": c.label(), "policy": c.policy, "gpus": c.gpus,
+                "rate_rps": self.rate}
+        if c.mode == "colocated":
+            base.update(replicas=c.replicas, tp=c.shape.tp, pp=c.shape.pp, profile=c.shape.profile,
+                        nodes=self.nodes_of([("colocated", c.replicas, c.shape)]))
+        else:
+            base.update(replicas=c.P + c.D, tp=c.pshape.tp, pp=c.pshape.pp, profile=c.pshape.profile,
+                        prefill_instances=c.P, prefill_tp=c.pshape.tp, prefill_pp=c.pshape.pp,
+                        decode_instances=c.D, decode_tp=c.dshape.tp, decode_pp=c.dshape.pp,
+                        nodes=self.nodes_of([("prefill", c.P, c.pshape), ("decode", c.D, c.dshape)]))
+        price = self.price
+        if summ is None:  # not simulated in full: its screen's numbers
+            sc = c.screen or {}
+            return {**base, "status": "estimated", "num_seeds": 0, "reason": "",
+                    "note": "screen only (composed from one instance at its share of the load); not confirmed: "
+                            "candidates with fewer GPUs were",
+                    "mean_tpot_ms": _num(sc.get("mean_tpot_ms")), "mean_ttft_ms": _num(sc.get("mean_ttft_ms")),
+                    **{k: _num(sc.get(k)) for k in self.slo.keys()},
+                    "screen_margin": self.slo.margin(sc) if sc else math.nan, "meets_slo": False,
+                    "gpu_hours_per_million_requests": cost_per_million(1.0, c.gpus, self.rate),
+                    "cost_per_million_requests": cost_per_million(price, c.gpus, self.rate)}
+        row = {**base, "status": "ok", "reason": "", "num_seeds": len(summ), **at_rate_row(summ, self.slo),
+               "note": ""}
+        for k in ("mean_kv_transfer_ms", "p99_kv_transfer_ms", "kv_link_utilisation_max"):
+            row[k] = _num(np.nanmean([_num(s.get(k)) for s in summ])) if any(s.get(k) is not None for s in summ) \
+                else math.nan
+        row["screen_margin"] = self.slo.margin(c.screen) if c.screen else math.nan
+        g = goodput if goodput is not None and goodput > 0 else None
+        row["goodput_rps"] = g if g is not None else math.nan
+        at = g if g is not None else self.rate
+        row["gpu_hours_per_million_requests"] = cost_per_million(1.0, c.gpus, at)
+        row["cost_per_million_requests"] = cost_per_million(price, c.gpus, at)
+        if not row["meets_slo"]:
+            row["note"] = "misses the SLOs in full simulation" + (
+                f" on {len(summ) - int(row['seeds_meeting'])} of {len(summ)} seeds" if row["seeds_meeting"] else "")
+        elif g is None:
+            row["note"] = "goodput not found (cost at the rate)"
+        return row
+
+
+def _num(v) -> float:
+    return math.nan if v is None else float(v)
+
+
+def _compose(prefill: dict, decode: dict) -> dict:
+    """A disaggregated candidate's screen numbers: TTFT from its prefill screen, the rest from its decode
+    screen."""
+    out = dict(decode)
+    for k, v in prefill.items():
+        if "ttft" in k:
+            out[k] = v
+    return out
+
+
+def rank_cluster(df: pd.DataFrame) -> pd.DataFrame:
+    """Ranked order (module docstring): fewest GPUs, then cost at goodput, then margin; ties by margin CI."""
+    from sim.studies.verdict import cost_key
+
+    df = df.copy()
+    df["rank"] = math.nan
+    df["tied_with_best"] = False
+    ok = (df["status"] == "ok") & df.get("meets_slo", pd.Series(False, index=df.index)).fillna(False).astype(bool)
+    ck = cost_key(df)
+    elig = df[ok].assign(_c=lambda d: d[ck].astype(float).fillna(math.inf))
+    elig = elig.sort_values(["gpus", "_c", "margin"], ascending=[True, True, False])
+    if len(elig):
+        best = elig.iloc[0]
+        tied = (elig["gpus"] == best["gpus"]) & (elig["margin_ci_lo"] <= best["margin_ci_hi"] + 1e-12) & \
+               (best["margin_ci_lo"] <= elig["margin_ci_hi"] + 1e-12)
+        elig.loc[tied, "tied_with_best"] = True
+    elig = elig.drop(columns="_c")
+    order = {"ok": 0, "estimated": 1, "pruned": 2, "dropped": 3}
+    rest = df[~ok].assign(_s=lambda d: d["status"].map(order).fillna(4), _g=lambda d: d["gpus"].fillna(1e9))
+    rest = rest.sort_values(["_s", "_g"]).drop(columns=["_s", "_g"])
+    out = pd.concat([elig, rest])
+    out.loc[elig.index, "rank"] = range(1, len(elig) + 1)
+    return out.reset_index(drop=True)
+
+
+def cluster_verdict(df: pd.DataFrame, rate: float, slo_text: str, max_gpus: int, pruned: int) -> str:
+    from sim.studies.verdict import cost_key
+
+    top = df[df["rank"] == 1]
+    n_full = int((df["status"] == "ok").sum())
+    n_est = int((df["status"] == "estimated").sum())
+    head = (f"At {rate:g} req/s with {slo_text}, on up to {max_gpus} GPUs: {n_full} deployments simulated in full, "
+            f"{n_est} estimated from their screens, {pruned} pruned by the bounds or screens, "
+            f"{int((df['status'] == 'dropped').sum())} instance shapes dropped.")
+    if top.empty:
+        return head + " None meets the SLOs on every seed within the GPUs allowed: add GPUs, relax the SLOs or " \
+                      "lower the rate."
+    b = top.iloc[0]
+    ck = cost_key(df)
+    cost = float(b[ck])
+    unit = "$" if ck.startswith("cost") else ""
+    ctext = (f"{unit}{cost:,.2f} per million requests" if unit else f"{cost:,.1f} GPU-hours per million requests")
+    gp = b.get("goodput_rps")
+    text = [head, f"Fewest GPUs: {b['deployment']} on {int(b['gpus'])} GPUs ({int(b['nodes'])} node"
+                  f"{'s' if int(b['nodes']) > 1 else ''}, {b['mode']}), margin {100 * b['margin']:.1f}% "
+                  f"(95% CI {100 * b['margin_ci_lo']:.1f}% to {100 * b['margin_ci_hi']:.1f}%), "
+                  f"{ctext} at its goodput {gp:.3g} req/s." if gp == gp else
+                  f"Fewest GPUs: {b['deployment']} on {int(b['gpus'])} GPUs, margin {100 * b['margin']:.1f}%."]
+    other = df[df["rank"].notna() & (df["mode"] != b["mode"])]
+    if len(other):
+        o = other.iloc[0]
+        text.append(f"Best {o['mode']} deployment: {o['deployment']} on {int(o['gpus'])} GPUs, margin "
+                    f"{100 * o['margin']:.1f}%.")
+    else:
+        est = df[(df["status"] == "estimated") & (df["mode"] != b["mode"])]
+        if len(est):
+            e = est.sort_values("gpus").iloc[0]
+            text.append(f"No {e['mode']} deployment was confirmed; its fewest-GPU screen estimate is "
+                        f"{e['deployment']} on {int(e['gpus'])} GPUs.")
+        else:
+            text.append(f"No {'disaggregated' if b['mode'] == 'colocated' else 'colocated'} deployment meets the "
+                        f"SLOs within {max_gpus} GPUs.")
+    tied = df[df["tied_with_best"] & (df["rank"] > 1)]
+    if len(tied):
+        text.append(f"Tied with it (same GPUs, margin CIs overlap): {', '.join(tied['deployment'].head(4))}.")
+    return " ".join(text)
+
+
+def mean_tokens(table: dict, context: int = CONTEXT_TOKENS) -> dict[str, float]:
+    """The workload's mean prompt, output and total tokens per request (each request clipped to the context)."""
+    from sim.workloads import build_workload
+
+    reqs = build_workload(table, seed=1)
+    if not reqs:
+        return {"prompt": 0.0, "output": 0.0, "total": 0.0}
+    p = np.array([min(r.prompt_tokens, context) for r in reqs], dtype=float)
+    t = np.array([min(r.prompt_tokens + r.output_tokens, context) for r in reqs], dtype=float)
+    return {"prompt": float(p.mean()), "output": float((t - p).mean()), "total": float(t.mean())}
+
+
+def run_cluster_plan(args) -> tuple[pd.DataFrame, dict]:
+    """`ppsim plan --rate R --max-gpus N` (module docstring): the plan table (ranked) and its metadata."""
+    from sim.core.config import parse_override
+    from sim.core.slo import slo_from_specs
+    from sim.profiling.cluster import load_network
+    from sim.studies.plan import family_dir, parse_prices, plan_load
+
+    slo = slo_from_specs(args.slo, SLO(ttft_ms=args.slo_ttft_ms, tpot_ms=args.slo_tpot_ms))
+    slo.validate("plan --slo")
+    if args.rate is None:
+        raise ConfigError("--max-gpus answers the fewest GPUs that serve a load: give --rate R (req/s)")
+    if args.trace:
+        raise ConfigError("--max-gpus with --trace: not supported (the screens split the load by rate); allowed: "
+                          "--workload NAME with --rate")
+    if args.seeds < 1:
+        raise ConfigError("--seeds must be >= 1")
+    load_network(args.network)  # one-line error naming the allowed networks
+    bad = [p for p in args.policies if p not in POLICIES]
+    if bad or not args.policies:
+        raise ConfigError(f"--policies {','.join(args.policies)!r}: unknown policy {bad[0] if bad else ''!r}; "
+                          f"allowed: {', '.join(POLICIES)}")
+    overrides = {}
+    for text in args.set:
+        if "=" not in text or not text.startswith("workload."):
+            raise ConfigError(f"--set {text!r}: plan accepts workload.KEY=VALUE overrides only")
+        path, value = parse_override(text)
+        overrides[path[1]] = value
+    gpu = args.gpu or "h100-sxm-80gb"
+    fam = family_dir(gpu)
+    price = parse_prices(args.price_per_gpu_hour, [fam.name]).get(fam.name)
+    load = plan_load(args, overrides)
+    out = Path(args.out)
+    seeds = list(range(1, args.seeds + 1))
+    runner = Runner(out / "cache.jsonl", jobs=args.jobs, executor=args.executor, address=args.address,
+                    progress=not args.no_progress)
+    tokens = mean_tokens(load.table)
+    shapes, dropped = shapes_of(fam, args.model, args.max_gpus, args.gpus_per_node, tuple(args.pp),
+                                tuple(args.tp) if getattr(args, "tp", None) else None)
+    if not shapes:
+        raise ConfigError(f"--model {args.model} on {fam.name}: no instance shape of at most {args.max_gpus} GPUs "
+                          f"fits (" + "; ".join(f"TP{r['tp']}xPP{r['pp']}: {r['reason']}" for r in dropped[:3]) + ")")
+    plan = ClusterPlan(args, runner, load, slo, seeds, price, fam, tokens)
+    rows = plan.run(shapes)
+    df = pd.DataFrame([*rows, *plan.rows, *[{**r, "nodes": math.ceil(r["gpus"] / args.gpus_per_node)}
+                                            for r in dropped]])
+    df["interconnect"] = fam.name
+    df["router"] = "least-loaded"
+    df = rank_cluster(df)
+    df["warnings"] = [_cluster_warnings(r) for r in df.to_dict("records")]
+    meta = {"mode": "rate", "model": args.model, "gpus": args.max_gpus, "max_gpus": args.max_gpus,
+            "gpus_per_node": args.gpus_per_node, "network": args.network, "gpu": fam.name,
+            "slo": slo.describe(), "seeds": len(seeds), "rate_rps": load.rate_rps, "load": load.note,
+            "interconnect_notes": [], "tokens_per_request": tokens["total"], "output_tokens_per_request":
+            tokens["output"], "pruned": plan.pruned, "kv_transfer": args.kv_transfer,
+            "first_token": args.first_token, "policies": list(args.policies)}
+    meta["verdict"] = cluster_verdict(df, load.rate_rps, slo.describe(), args.max_gpus, plan.pruned)
+    meta["by_mode_and_nodes"] = by_mode_and_nodes(df)
+    return df, meta
+
+
+def by_mode_and_nodes(df: pd.DataFrame) -> list[str]:
+    """One line per (mode, nodes): its best deployment (ranked first, else its fewest-GPU estimate)."""
+    lines = []
+    cands = df[df["status"].isin(["ok", "estimated"])]
+    for (mode, nodes), g in cands.groupby(["mode", "nodes"], sort=True):
+        ranked = g[g["rank"].notna()].sort_values("rank")
+        if len(ranked):
+            r = ranked.iloc[0]
+            what = (f"{r['deployment']} on {int(r['gpus'])} GPUs meets the SLOs (margin {100 * r['margin']:.1f}%, "
+                    f"95% CI {100 * r['margin_ci_lo']:.1f}% to {100 * r['margin_ci_hi']:.1f}%; rank {int(r['rank'])})")
+        else:
+            r = g.sort_values(["gpus"]).iloc[0]
+            if r["status"] == "ok":
+                what = f"{r['deployment']} on {int(r['gpus'])} GPUs misses the SLOs in full simulation"
+            else:
+                what = (f"{r['deployment']} on {int(r['gpus'])} GPUs by its screen (margin "
+                        f"{100 * r['screen_margin']:.1f}%), not simulated in full")
+        lines.append(f"{mode}, {int(nodes)} node{'s' if int(nodes) > 1 else ''}: {what}")
+    return lines
+
+
+def _cluster_warnings(r: dict) -> str:
+    w = []
+    head = r.get("kv_headroom")
+    if r.get("status") == "ok" and isinstance(head, float) and head == head and head < 0.05:
+        w.append(f"KV headroom {head:.1%} < 5% at the rate")
+    if r.get("status") == "ok" and 0 < (r.get("seeds_meeting") or 0) < (r.get("num_seeds") or 0):
+        w.append(f"meets the SLOs on {int(r['seeds_meeting'])} of {int(r['num_seeds'])} seeds only")
+    return "; ".join(w)

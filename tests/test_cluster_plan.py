@@ -1,0 +1,118 @@
+"""`ppsim plan --rate R --max-gpus N` (sim/studies/cluster_plan.py): the bisection on instance counts, the
+ranking (fewest GPUs, then cost at goodput, then margin), and a small plan over two-GPU nodes that lists
+co-located and disaggregated candidates, multi-node ones among them, with what was pruned and why."""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+import pytest
+
+from sim.cli import main
+from sim.studies.cluster_plan import CountSearch, rank_cluster, run_searches
+from sim.studies.plan import cost_per_million
+
+
+class FakeRunner:
+    def __init__(self):
+        self.calls = 0
+
+    def run(self, tables, desc=""):
+        self.calls += 1
+        return tables
+
+
+def test_count_search_finds_the_smallest_passing_count():
+    # passes from 5 on: the top (9) first, then bisection: 9 ok, (0+9)//2 = 4 fails, 6 ok, 5 ok -> 5 in 4 probes
+    seen = []
+    s = CountSearch("x", 1, 9, lambda k: {"k": k}, lambda summ: seen.append(summ["k"]) or summ["k"] >= 5)
+    run_searches(FakeRunner(), [s], "t")
+    assert s.best == 5 and seen == [9, 4, 6, 5]
+    assert len(s.results) <= 1 + math.ceil(math.log2(9))
+    # failing at the top: nothing fits, one probe
+    s = CountSearch("y", 2, 6, lambda k: {"k": k}, lambda summ: False)
+    run_searches(FakeRunner(), [s], "t")
+    assert s.best is None and list(s.results) == [6]
+    # an empty range (the bound needs more than N allows) is never probed
+    s = CountSearch("z", 5, 4, lambda k: {"k": k}, lambda summ: True)
+    run_searches(FakeRunner(), [s], "t")
+    assert s.best is None and not s.results
+
+
+def _r(name, gpus, cost, margin, lo, hi, mode="colocated", status="ok", meets=True):
+    return {"deployment": name, "gpus": gpus, "cost_per_million_requests": cost, "margin": margin,
+            "margin_ci_lo": lo, "margin_ci_hi": hi, "mode": mode, "status": status, "meets_slo": meets, "nodes": 1}
+
+
+def test_ranking_fewest_gpus_then_cost_then_margin():
+    df = pd.DataFrame([
+        _r("A 16 GPUs", 16, 100.0, 0.6, 0.5, 0.7),
+        _r("B 8 GPUs dear", 8, 300.0, 0.3, 0.2, 0.4),
+        _r("C 8 GPUs cheap", 8, 250.0, 0.1, 0.05, 0.15, mode="disaggregated"),
+        _r("D 8 GPUs misses", 8, 200.0, -0.1, -0.2, 0.0, meets=False),
+        _r("E estimate", 4, 50.0, math.nan, math.nan, math.nan, status="estimated", meets=False),
+    ])
+    out = rank_cluster(df)
+    assert list(out["deployment"][:3]) == ["C 8 GPUs cheap", "B 8 GPUs dear", "A 16 GPUs"]
+    assert list(out["rank"][:3]) == [1, 2, 3] and out["rank"][3:].isna().all()
+    # C's margin CI [0.05, 0.15] does not overlap B's [0.2, 0.4]: not tied
+    assert list(out["tied_with_best"][:3]) == [True, False, False]
+
+
+@pytest.fixture(scope="module")
+def small_plan(tmp_path_factory):
+    out = tmp_path_factory.mktemp("cp") / "plan"
+    import contextlib
+    import io
+
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        code = main(["plan", "--model", "llama-3.1-8b", "--gpu", "h100-sxm-80gb", "--max-gpus", "4",
+                     "--gpus-per-node", "2", "--rate", "8", "--slo", "ttft:p90:300", "--slo", "tpot:p90:12",
+                     "--quick", "--set", "workload.num_requests=80", "--seeds", "2", "--pp", "1,2",
+                     "--policies", "static-2048", "--confirm", "2", "--price-per-gpu-hour", "3.0", "--jobs", "2",
+                     "--no-progress", "--out", str(out)])
+    return code, out, buf.getvalue()
+
+
+def test_cluster_plan_lists_both_modes_and_multi_node_candidates(small_plan):
+    code, out, text = small_plan
+    assert code == 0
+    df = pd.read_csv(out / "plan.csv")
+    for col in ("gpus", "nodes", "mode", "status", "reason", "margin", "margin_ci_lo", "margin_ci_hi",
+                "goodput_rps", "cost_per_million_requests", "rank", "tied_with_best"):
+        assert col in df.columns, col
+    cands = df[df["status"].isin(["ok", "estimated"])]
+    assert {"colocated", "disaggregated"} <= set(cands["mode"])
+    assert (cands["nodes"] > 1).any()            # two-GPU nodes: 4-GPU deployments span two
+    assert (df["gpus"].dropna() <= 4).all()
+    # the answer: the fewest GPUs meeting the SLOs on both seeds, confirmed in full, with its margin CI
+    best = df[df["rank"] == 1].iloc[0]
+    assert best["status"] == "ok" and best["meets_slo"] and best["num_seeds"] == 2
+    ok = df[(df["status"] == "ok") & (df["meets_slo"] == True)]  # noqa: E712
+    assert best["gpus"] == ok["gpus"].min()
+    # cost per million at each confirmed candidate's own goodput: $3/GPU-hour x GPUs / goodput
+    for r in ok.itertuples():
+        at = r.goodput_rps if r.goodput_rps == r.goodput_rps else 8.0
+        assert r.cost_per_million_requests == pytest.approx(cost_per_million(3.0, r.gpus, at), rel=1e-5)  # %.6g
+    # what was pruned, and why, is printed and kept
+    pruned = df[df["status"] == "pruned"]
+    assert (pruned["reason"].str.len() > 0).all()
+    for r in pruned.itertuples():
+        assert f"{r.deployment}: pruned, {r.reason}" in text
+    assert "Fewest GPUs:" in (out / "recommendation.txt").read_text()
+    assert (out / "plan.png").stat().st_size > 5000
+
+
+@pytest.mark.parametrize("argv, match", [
+    (["--max-gpus", "4"], "--max-gpus answers the fewest GPUs that serve a load: give --rate R"),
+    (["--max-gpus", "4", "--gpus", "4", "--rate", "1"], "--gpus N ranks the deployments of exactly N GPUs"),
+    (["--max-gpus", "4", "--rate", "1", "--network", "myrinet"], "unknown network; allowed: efa-p4d"),
+    (["--max-gpus", "4", "--rate", "1", "--policies", "static-9"], "unknown policy 'static-9'"),
+])
+def test_cluster_plan_bad_inputs_are_one_line(tmp_path, capsys, argv, match):
+    code = main(["plan", "--model", "llama-3.1-8b", "--gpu", "h100-sxm-80gb", "--no-progress", "--out",
+                 str(tmp_path / "p"), *argv])
+    err = capsys.readouterr().err
+    assert code == 2 and match in err and len(err.strip().splitlines()) == 1
