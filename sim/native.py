@@ -25,7 +25,7 @@ OUT = ROOT / "build" / "native"
 MODULES = ("sim.engine.state", "sim.engine.schedulers.fastpp", "sim.engine.pipeline", "sim.engine.view", "sim.engine.records",
            "sim.latency.variance", "sim.latency.stagetimer", "sim.policies.rls", "sim.engine.prefix_cache",
            "sim.engine.schedulers.cached", "sim.engine.schedulers.sglang", "sim.engine.schedulers.vllm_v1",
-           "sim.engine.schedulers.vllm_v0")
+           "sim.engine.schedulers.vllm_v0", "sim.engine.schedulers.roles")
 GROUP = "pipesim_native"  # mypyc's shared library is the module GROUP + "__mypyc"
 FILES = (*MODULES, GROUP + "__mypyc")  # the compiled files a build holds, by module name
 MANIFEST = "manifest.txt"  # lines "module sha256" (json would cost every command its import)

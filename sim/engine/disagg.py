@@ -71,7 +71,6 @@ import math
 from collections import deque
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 import simpy
 
@@ -85,7 +84,6 @@ from sim.engine.requests import RequestArrays, RequestTable
 from sim.engine.schedulers.fastpp import Scheduler
 from sim.engine.state import FINISHED, RUNNING, Req
 from sim.policies import PolicyContext
-from sim.policies.base import Move
 from sim.policies.guards import build_chunk_policy
 from sim.profiling.cluster import PoolShape, kv_transfer_bytes, model_of_profile
 
@@ -94,44 +92,11 @@ np = lazy("numpy")
 POOLS = ("prefill", "decode")
 
 
+from sim.engine.schedulers.roles import DecodeScheduler, PrefillScheduler  # noqa: E402
+
+
 class DisaggFailed(Exception):
     """The deployment cannot go on (a prompt larger than an empty decode pool)."""
-
-
-class PrefillScheduler(Scheduler):
-    """FastPP's scheduler on a prefill instance; it tells `on_start` when a request's first chunk is
-    scheduled (its requests are one-token shadows of the real ones)."""
-
-    on_start: Any = None
-
-    def form_batch(self, slot_idx: int, now_s: float, rebalance=None):
-        mb = super().form_batch(slot_idx, now_s, rebalance)
-        if mb is not None and self.on_start is not None:
-            for req, _new, prefix in mb.prefill:
-                if prefix == 0 and req.num_chunks == 1:
-                    self.on_start(req, now_s)
-        return mb
-
-
-class DecodeScheduler(Scheduler):
-    """FastPP's scheduler on a decode instance. Requests reach it only with their KV in its pool
-    (`add_waiting` is their way in from the inbox): they are held in its paused list and join the
-    running requests of the next slot it schedules (at most `max_running` per slot), as decodes."""
-
-    def add_waiting(self, req: Req) -> None:
-        self.pending.append(req)
-        self.num_active += 1
-        req.state = RUNNING
-        self.arrived_s.append(req.arrival_s)
-        self.arrived_prompt.append(req.prompt_len)
-
-    def form_batch(self, slot_idx: int, now_s: float, rebalance=None):
-        return super().form_batch(slot_idx, now_s, self._join if self.pending else rebalance)
-
-    def _join(self, slot_idx: int) -> list[Move]:
-        slot = self.slots[slot_idx]
-        room = self.max_running - (len(slot.running) if slot.running else 0)
-        return [Move(r.rid, False, False) for r in self.pending[:max(room, 0)]]
 
 
 class Flow:
