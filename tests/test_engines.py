@@ -363,3 +363,82 @@ def test_plan_takes_engines_as_one_more_axis(tmp_path):
     assert not ((ok["engine"] == "vllm-v1") & (ok["policy"] == "predictive+DS")).any()  # no rebalancer there
     code, _, err = invoke(["plan", "--gpus", "1", "--rate", "1", "--engine", "vllm-v0", "--out", str(tmp_path / "q")])
     assert code == 2 and "vllm-v0" in err
+
+
+def test_sglang_locks_each_admitted_prefix_before_testing_the_next():
+    # two cached prefixes, a pool with room for one prompt beyond them: the first request's hit is
+    # locked when the second is tested, so the second may not count it as evictable
+    s = SGLangScheduler(1, 1150, 256, 4096, prefix_cache=True)
+    s.cache.insert([(1, 500)], 500, now=0.0)
+    s.cache.insert([(2, 500)], 500, now=0.0)
+    s.kv_free = 1150 - 1000
+    a, b = make_req(0, 600, output=2), make_req(1, 600, output=2)
+    a.pieces, b.pieces = ((1, 500), (10, 100)), ((2, 500), (11, 100))
+    s.add_waiting(a)
+    s.add_waiting(b)
+    mb = s.form_batch(0, 0.0)
+    assert [r for r, *_ in mb.prefill] == [a]  # b refused: a's 500 tokens are pinned now
+    assert a.cached_tokens == 500 and s.cache.pinned == 500 and list(s.waiting) == [b]
+
+
+def test_sglang_lpm_serves_the_longest_cached_prefix_first():
+    s = SGLangScheduler(1, 100_000, 256, 4096, prefix_cache=True, policy="lpm")
+    s.cache.insert([(7, 300)], 300, now=0.0)
+    s.kv_free -= 300
+    a, b = make_req(0, 400, output=2), make_req(1, 400, output=2)
+    a.pieces, b.pieces = ((8, 400),), ((7, 300), (9, 100))
+    s.add_waiting(a)
+    s.add_waiting(b)
+    s.chunk_size = 150  # room for one: the policy decides which
+    mb = s.form_batch(0, 0.0)
+    assert pieces(mb)[0][0] == 1  # b (300 cached) before a (arrived first, nothing cached)
+    t = SGLangScheduler(1, 100_000, 256, 150, prefix_cache=True, policy="fcfs")
+    t.cache.insert([(7, 300)], 300, now=0.0)
+    t.kv_free -= 300
+    a2, b2 = make_req(0, 400, output=2), make_req(1, 400, output=2)
+    a2.pieces, b2.pieces = a.pieces, b.pieces
+    t.add_waiting(a2)
+    t.add_waiting(b2)
+    assert pieces(t.form_batch(0, 0.0))[0][0] == 0  # FCFS: arrival order
+
+
+def test_vllm_v1_long_prefill_threshold_shares_the_budget_among_partial_prefills():
+    s = VllmV1Scheduler(1, 100_000, 256, 1024, prefix_cache=False, long_prefill_threshold=256)
+    reqs = [make_req(i, 1000, output=3) for i in range(5)]
+    mbs = drive(s, reqs, 2)
+    # every prompt gets at most 256 a step; four fit the budget of 1024
+    assert pieces(mbs[0]) == [(0, 256, 0), (1, 256, 0), (2, 256, 0), (3, 256, 0)]
+    assert pieces(mbs[1])[:4] == [(0, 256, 256), (1, 256, 256), (2, 256, 256), (3, 256, 256)]
+    assert all(r.first_token_s is None for r in reqs)  # no partial chunk emits a token
+
+
+def test_overlap_hides_host_time_up_to_the_gpu_step(tmp_path):
+    out = {}
+    for overlap in ("true", "false"):
+        code, _, err = invoke(["run", str(REPO / "experiments/configs/default.toml"), "--set", "parallel.pp=1",
+                               "--set", f'latency.profile="{PROFILE}"', "--set", "workload.num_requests=60",
+                               "--engine", "sglang", "--set", f"scheduler.overlap={overlap}", "--out",
+                               str(tmp_path / overlap)])
+        assert code == 0, err
+        import pandas as pd
+
+        out[overlap] = pd.read_csv(tmp_path / overlap / "iterations.csv")
+    on, off = out["true"], out["false"]
+    busy = lambda df: df[df["mode"] != "idle"]  # noqa: E731
+    stage = busy(off)["stage0_busy_ms"]
+    assert (busy(off)["host_ms"] > 0).all()
+    # with overlap a step's host time is only what its GPU time does not cover
+    assert (busy(on)["host_ms"] <= busy(off)["host_ms"].max()).all()
+    assert busy(on)["host_ms"].mean() < busy(off)["host_ms"].mean() and stage.mean() > 0
+
+
+@pytest.mark.parametrize("engine", ["fastpp", "vllm-v1", "vllm-v0"])
+def test_same_seed_same_outputs_every_engine(tmp_path, engine):
+    for k in (1, 2):
+        code, _, err = invoke(["run", str(REPO / "experiments/configs/default.toml"), "--set", "parallel.pp=1",
+                               "--set", f'latency.profile="{PROFILE}"', "--set",
+                               'workload={name="shared-system-prompt", num_requests=80}', "--set",
+                               "scheduler.chunk_size_tokens=0", "--engine", engine, "--out", str(tmp_path / f"r{k}")])
+        assert code == 0, err
+    for f in ("summary.json", "requests.csv", "iterations.csv"):
+        assert (tmp_path / "r1" / f).read_bytes() == (tmp_path / "r2" / f).read_bytes()

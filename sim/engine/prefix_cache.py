@@ -19,6 +19,11 @@ their pieces agree, so the cache is a trie of pieces (a radix tree whose edges a
 
 Sizes: `size` is every cached token, `evictable` the unpinned ones. The engines count cached
 tokens as KV in use and evictable ones as available to an allocation (sim/engine/schedulers/).
+
+The eviction order is kept in a heap of candidate leaves updated as nodes are used, locked and
+unlocked (lazy deletion: an entry whose node has changed since it was pushed is skipped), so an
+eviction under pressure costs the leaves it frees, not a walk of the whole tree. Ties of last
+use and depth go to the node pushed first, so runs are deterministic.
 """
 
 from __future__ import annotations
@@ -50,6 +55,35 @@ class PrefixCache:
         self.size = 0  # cached tokens
         self.pinned = 0  # cached tokens of pinned nodes
         self.clock = 0.0
+        self.num_nodes = 0
+        # eviction candidates: (last use, -depth, push order, node); stale entries are skipped
+        self._heap: list[tuple[float, int, int, Node]] = []
+        self._seq = 0
+
+    def _push(self, n: Node) -> None:
+        """`n` may now be evicted (an unpinned cached leaf): a heap entry at its current use."""
+        if n.refs == 0 and n.cached and not n.children and n is not self.root:
+            self._seq += 1
+            heapq.heappush(self._heap, (n.last_use, -n.depth, self._seq, n))
+            if len(self._heap) > 4 * self.num_nodes + 1024:
+                self._rebuild()
+
+    def _rebuild(self) -> None:
+        """A fresh heap of the current candidates (the stale entries dropped)."""
+        self._heap = []
+        stack = [self.root]
+        while stack:
+            n = stack.pop()
+            stack.extend(n.children.values())
+            if n is not self.root and n.refs == 0 and n.cached and not n.children:
+                self._seq += 1
+                self._heap.append((n.last_use, -n.depth, self._seq, n))
+        heapq.heapify(self._heap)
+
+    def _valid(self, entry: tuple[float, int, int, Node]) -> bool:
+        n = entry[3]
+        return (n.refs == 0 and n.cached > 0 and not n.children and n.last_use == entry[0]
+                and n.parent is not None and n.parent.children.get(n.piece) is n)
 
     @property
     def evictable(self) -> int:
@@ -65,7 +99,9 @@ class PrefixCache:
             if child is None or child.cached == 0 or hit >= limit:
                 break
             path.append(child)
-            child.last_use = now
+            if child.last_use != now:
+                child.last_use = now
+                self._push(child)
             take = min(child.cached, limit - hit)
             hit += take
             if child.cached < length or take < child.cached:
@@ -84,6 +120,7 @@ class PrefixCache:
             n.refs -= 1
             if n.refs == 0:
                 self.pinned -= n.cached
+                self._push(n)
 
     # ---------------------------------------------------------------- insertion
     def insert(self, pieces: Pieces, tokens: int, now: float) -> tuple[int, list[Node]]:
@@ -99,6 +136,7 @@ class PrefixCache:
             if child is None:
                 child = Node(piece, length, node, done)
                 node.children[piece] = child
+                self.num_nodes += 1
             want = min(length, tokens - done)
             if want > child.cached:
                 grow = want - child.cached
@@ -109,6 +147,7 @@ class PrefixCache:
                     self.pinned += grow
             child.last_use = now
             path.append(child)
+            self._push(child)
             done += child.cached
             if child.cached < length:
                 break
@@ -118,22 +157,18 @@ class PrefixCache:
     # ---------------------------------------------------------------- eviction
     def evict(self, tokens: int) -> int:
         """Free at least `tokens` cached tokens from unpinned leaves, least recently used first
-        (ties: the deepest first). Returns the tokens freed (less when not enough are evictable)."""
+        (ties: the deepest, then the one that became a candidate first). Returns the tokens
+        freed (less when not enough are evictable)."""
         if tokens <= 0:
             return 0
-        heap: list[tuple[float, int, int, Node]] = []
-        stack = [self.root]
-        while stack:
-            n = stack.pop()
-            for c in n.children.values():
-                if c.cached:
-                    stack.append(c)
-            if n is not self.root and n.refs == 0 and n.cached and not any(c.cached for c in n.children.values()):
-                heapq.heappush(heap, (n.last_use, -n.depth, id(n), n))
         freed = 0
         g = self.granularity
+        heap = self._heap
         while heap and freed < tokens:
-            _t, _d, _i, n = heapq.heappop(heap)
+            entry = heapq.heappop(heap)
+            if not self._valid(entry):
+                continue
+            n = entry[3]
             need = tokens - freed
             cut = min(n.cached, -(-need // g) * g)
             n.cached -= cut
@@ -143,7 +178,8 @@ class PrefixCache:
                 parent = n.parent
                 assert parent is not None
                 del parent.children[n.piece]
-                if (parent is not self.root and parent.refs == 0 and parent.cached
-                        and not any(c.cached for c in parent.children.values())):
-                    heapq.heappush(heap, (parent.last_use, -parent.depth, id(parent), parent))
+                self.num_nodes -= 1
+                self._push(parent)
+            else:
+                heapq.heappush(heap, entry)  # (still the least recently used: its entry stays valid)
         return freed

@@ -18,7 +18,6 @@ from sim.engine.records import IterationLog
 from sim.engine.requests import RequestArrays, RequestTable
 from sim.engine.schedulers import EngineSettings, Hardware, engine as engine_for
 from sim.core.errors import ConfigError
-from sim.latency.base import latency_models
 from sim.latency.constant import ConstantLatencyModel  # noqa: F401  (registers "constant")
 from sim.latency.profiled import Profile, ProfiledLatencyModel
 from sim.latency.base import BatchStats
@@ -105,7 +104,8 @@ def pool_sizes(cfg: RunConfig, latency, eng=None, settings: EngineSettings | Non
     if kv == 0:
         if not hasattr(latency, "kv_capacity_tokens") or latency.kv_capacity_tokens(frac) is None:
             raise ConfigError("config [scheduler] kv_tokens must be set when the latency model has no memory model")
-        kv = latency.kv_capacity_tokens(frac)
+        reduce = getattr(eng, "kv_reduce", "mean")  # FastPP: the mean of ranks 0 and 1; others: the min
+        kv = latency.kv_capacity_tokens(frac, reduce) if reduce != "mean" else latency.kv_capacity_tokens(frac)
         if eng is not None and hasattr(eng, "kv_reserved_tokens"):
             kv -= eng.kv_reserved_tokens(settings, latency, hw)
     if kv <= 0:

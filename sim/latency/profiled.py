@@ -456,7 +456,7 @@ def stage_layers(num_layers: int, pp: int) -> list[int]:
     return [base] * (pp - 1) + [num_layers - base * (pp - 1)]
 
 
-def kv_capacity_tokens(profile: Profile, pp: int, mem_fraction: float) -> int:
+def kv_capacity_tokens(profile: Profile, pp: int, mem_fraction: float, reduce: str = "mean") -> int:
     """KV pool tokens per stage, as SGLang 0.4.1 sizes it (profile_max_num_token).
 
     Each GPU: (free after load - M_init * (1 - mem_fraction)) / cell. With pp > 1 every rank
@@ -481,6 +481,8 @@ def kv_capacity_tokens(profile: Profile, pp: int, mem_fraction: float) -> int:
 
     if pp == 1:
         return max(0, rank_tokens(0))
+    if reduce == "min":  # SGLang 0.5.23 and vLLM: the smallest stage's pool (an all-reduce MIN over ranks)
+        return max(0, min(rank_tokens(s) for s in range(pp)))
     avg = (rank_tokens(0) + rank_tokens(1)) // 2
     return max(0, avg // pp * pp)
 
@@ -721,5 +723,5 @@ class ProfiledLatencyModel:
     # `stage_times(st)`: `stage_time(st, s).total_s` for every stage, bit for bit (set in
     # __init__ to the StageTimer's `times`)
 
-    def kv_capacity_tokens(self, mem_fraction: float) -> int:
-        return kv_capacity_tokens(self.profile, self.num_stages, mem_fraction)
+    def kv_capacity_tokens(self, mem_fraction: float, reduce: str = "mean") -> int:
+        return kv_capacity_tokens(self.profile, self.num_stages, mem_fraction, reduce)

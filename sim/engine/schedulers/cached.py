@@ -91,7 +91,9 @@ class CachedScheduler(Scheduler):
         cache = self.cache
         if cache is None or not req.pieces:
             return 0, None
-        return cache.match(req.pieces, self.hit_limit(req), now_s)
+        hit, path = cache.match(req.pieces, self.hit_limit(req), now_s)
+        # whole granules only (vLLM's blocks): a piece partly evicted may end mid-block
+        return hit - hit % self.granularity, path
 
     def admit_hit(self, req: Req, hit: int, path: Any, now_s: float = 0.0) -> None:
         """`req` is admitted with `hit` tokens cached: they are pinned and count as computed."""

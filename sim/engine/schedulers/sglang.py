@@ -120,6 +120,9 @@ class SGLangScheduler(CachedScheduler):
                 else:
                     cut = False
                 admitted.append((req, extend, hit, path))
+                # its prefix is locked now (add_one_req's inc_lock_ref): the next request's room
+                # no longer counts it as evictable
+                self.admit_hit(req, hit, path, now_s)
                 offset += extend + 1 + (0 if cut else min(req.max_new, CLIP_MAX_NEW_TOKENS))
                 rem_chunk -= extend
                 rem_input -= extend
@@ -142,9 +145,8 @@ class SGLangScheduler(CachedScheduler):
             req.prefix_len += new
             req.num_chunks += 1
             req.slot = slot.index
-        for req, extend, hit, path in admitted:
+        for req, extend, _hit, _path in admitted:
             self.waiting.remove(req)
-            self.admit_hit(req, hit, path, now_s)
             req.state = RUNNING
             req.slot = slot.index
             if req.admit_s is None:
@@ -257,6 +259,7 @@ def mem_fraction_static(gpu_mem_gib: float, chunk: int, max_bs: int, tp: int, pp
 
 class SGLangEngine:
     name = "sglang"
+    kv_reduce = "min"  # the KV pool with PP: the smallest stage's (all-reduce MIN over ranks)
 
     def settings(self, sc: Any, hw: Hardware) -> EngineSettings:
         chunk, max_bs = memory_defaults(hw.gpu_mem_gib or 80.0, hw.tp)

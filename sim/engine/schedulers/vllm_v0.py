@@ -102,6 +102,7 @@ class VllmV0Scheduler(CachedScheduler):
 
 class VllmV0Engine:
     name = "vllm-v0"
+    kv_reduce = "min"  # the KV pool with PP: the smallest stage's (all-reduce MIN over ranks)
 
     def kv_reserved_tokens(self, settings: EngineSettings, latency: Any, hw: Hardware) -> int:
         # worker.determine_num_available_blocks (0.6.3): the same profiling run's peak

@@ -21,10 +21,12 @@ Read from the release wheel (vllm-0.10.1.1, commit g1da94e673):
 NOTEs below mark where this module simplifies: KV is counted in tokens (the pool is whole
 blocks, hits are whole blocks; a request's unfilled last block is not charged: at most
 block_size - 1 tokens a request); a preemption victim is taken among the requests of the slot
-being scheduled (one in flight in another slot holds KV the GPU is using); at most one prompt
-is partly prefilled at a time (vLLM can hold a second when the budget ends inside a new request
-while another is mid-prefill); `max_num_batched_tokens >= max_num_seqs` (vLLM's own validation)
-lets every decode of a step fit the budget.
+being scheduled (one in flight in another slot holds KV the GPU is using); a partial prefill
+that finds no room waits rather than preempting a newer request; `max_num_batched_tokens >=
+max_num_seqs` (vLLM's own validation) lets every decode of a step fit the budget. Several
+prompts may be partly prefilled at once (a `long_prefill_token_threshold` cut leaves the rest
+of the budget to the next waiting request, as in vLLM); `max_num_partial_prefills` is V0's knob
+(0.10.1.1's V1 refuses any value but 1) and is not modelled.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from typing import Any
 
 from sim.engine.schedulers import EngineSettings, Hardware, schedulers
 from sim.engine.schedulers.cached import CachedScheduler
+from sim.engine.schedulers.fastpp import Slot
 from sim.engine.state import DECODE, EXTEND, MIXED, RUNNING, WAITING, MicroBatch, Req
 
 VERSION = "vLLM 0.10.1.1 (V1)"
@@ -47,6 +50,7 @@ class VllmV1Scheduler(CachedScheduler):
         self.threshold = long_prefill_threshold
         self.preemptions = 0
         self.reset_ratio_on_empty_batch = False  # (vLLM has no token ratio)
+        self.partials: list[Req] = []  # running requests whose prompt is not all computed yet
 
     def _preempt(self, req: Req, now_s: float = 0.0) -> None:
         """Recompute preemption: KV freed, back to the head of the waiting queue."""
@@ -81,24 +85,25 @@ class VllmV1Scheduler(CachedScheduler):
             slot.running = decodes if decodes else None
             slot.sampled = None
         prefill: list[tuple[Req, int, int]] = []
-        new_chunked: Req | None = None
-        chunked = self.chunked
-        # the partial prefill (the last request admitted): its next chunk
-        if chunked is not None and budget > 0:
-            remaining = chunked.fill_len - chunked.prefix_len
+        partials: list[Req] = []  # the prompts still partly prefilled after this step
+        # the running partial prefills, in admission order: their next chunks
+        for req in self.partials:
+            remaining = req.fill_len - req.prefix_len
             new = min(remaining, budget, self.threshold or remaining)
-            if new > 0 and self._fit(new):
-                self._alloc(chunked, new, "prefill", now_s)
-                prefill.append((chunked, new, chunked.prefix_len))
-                chunked.prefix_len += new
-                chunked.num_chunks += 1
-                chunked.slot = slot_idx
-                budget -= new
-                new_chunked = chunked if new < remaining else None
-            else:
-                new_chunked = chunked  # it waits for room (vLLM would preempt a newer request)
-        # (2) the waiting requests, FCFS, only if nothing was preempted this step
-        if not preempted and new_chunked is None:
+            if new <= 0 or not self._fit(new):
+                partials.append(req)  # it waits for room (vLLM would preempt a newer request)
+                continue
+            self._alloc(req, new, "prefill", now_s)
+            prefill.append((req, new, req.prefix_len))
+            req.prefix_len += new
+            req.num_chunks += 1
+            req.slot = slot_idx
+            budget -= new
+            if new < remaining:
+                partials.append(req)
+        # (2) the waiting requests, FCFS, only if nothing was preempted this step; a prompt cut by
+        # `long_prefill_token_threshold` leaves the rest of the budget to the next one
+        if not preempted:
             while self.waiting and budget > 0 and self.num_active < self.max_running:
                 req = self.waiting[0]
                 hit, path = self.lookup(req, now_s)
@@ -119,10 +124,12 @@ class VllmV1Scheduler(CachedScheduler):
                 req.num_chunks += 1
                 budget -= new
                 if new < remaining:
-                    new_chunked = req
+                    partials.append(req)
                     self.chunk_bound = True
-                    break
-        self.chunked = new_chunked
+        self.partials = partials
+        self.chunked = partials[0] if partials else None
+        # (the batch names its first cut piece; process_result drops every cut piece)
+        new_chunked = next((p[0] for p in prefill if p[2] + p[1] < p[0].fill_len), None)
         slot.last = None
         if not prefill and not decodes:
             slot.running = None
@@ -137,8 +144,34 @@ class VllmV1Scheduler(CachedScheduler):
         self.num_launched += 1
         return mb
 
+    def _hide_cuts(self, mb: MicroBatch) -> tuple[list[tuple[Req, int, int]], Req | None] | None:
+        """With several partial prefills a step can cut more than one prompt; the scheduler
+        core knows one (`mb.chunked`). The others are hidden from it while it reads the batch:
+        a cut piece samples no token and does not join the slot's running list."""
+        full = mb.prefill
+        kept = [p for p in full if p[2] + p[1] >= p[0].fill_len]
+        if len(full) - len(kept) < 2:
+            return None
+        chunked = mb.chunked
+        mb.prefill = kept
+        mb.chunked = None
+        return full, chunked
+
+    def process_result(self, mb: MicroBatch, now_s: float) -> None:
+        hidden = self._hide_cuts(mb)
+        super().process_result(mb, now_s)
+        if hidden is not None:
+            mb.prefill, mb.chunked = hidden
+
+    def _retire(self, slot: Slot) -> None:
+        last = slot.last
+        hidden = self._hide_cuts(last) if last is not None and last.mode != DECODE else None
+        super()._retire(slot)
+        if hidden is not None and last is not None:
+            last.prefill, last.chunked = hidden
+
     def is_idle(self) -> bool:
-        return self.num_active == 0 and not self.waiting and self.chunked is None
+        return self.num_active == 0 and not self.waiting and not self.partials
 
 
 def activation_reserve_tokens(settings: EngineSettings, latency: Any, tp: int, pp: int) -> int:
@@ -166,6 +199,7 @@ def activation_reserve_tokens(settings: EngineSettings, latency: Any, tp: int, p
 
 class VllmV1Engine:
     name = "vllm-v1"
+    kv_reduce = "min"  # the KV pool with PP: the smallest stage's (all-reduce MIN over ranks)
 
     def kv_reserved_tokens(self, settings: EngineSettings, latency: Any, hw: Hardware) -> int:
         return activation_reserve_tokens(settings, latency, hw.tp, hw.pp)
@@ -198,4 +232,4 @@ class VllmV1Engine:
 
 schedulers.register("vllm-v1")(VllmV1Engine)
 
-__all__ = ["VllmV1Scheduler", "VllmV1Engine", "WAITING"]
+__all__ = ["WAITING", "VllmV1Engine", "VllmV1Scheduler"]
