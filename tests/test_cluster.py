@@ -271,10 +271,19 @@ def test_cross_node_pp_send_over_ndr_by_hand(ndr2):
     # inside the node: H100 NVSwitch send_recv fit 7.64 us + 358.02 GB/s (profiles/kernels/h100.toml)
     assert ndr2.p2p_time_s(nbytes, GpuSlot(0, 3), GpuSlot(0, 4)) == pytest.approx(7.64e-6 + nbytes / 358.02e9)
     assert ndr2.p2p_time_s(nbytes, GpuSlot(0, 3), GpuSlot(0, 3)) == 0.0
-    # a stage boundary of TP8 -> TP8: eight such sends at once, each on its own NIC
+    # a stage boundary of TP1 -> TP1 is that one send, the whole activation
+    assert ndr2.stage_send_time_s(nbytes, [GpuSlot(0, 3)], [GpuSlot(1, 3)]) == pytest.approx(t, rel=1e-12)
+    # TP8 -> TP8, as vLLM and SGLang send it (send_tensor_dict with the TP group as all_gather_group): each
+    # rank sends its 1/8 slice, 524,288 B, on its own NIC, all at once: 23.0 + 524,288 / 47.0e9 s = 34.1551 us;
+    # then node 1's 8 GPUs all-gather the slices over NVSwitch (the 8-GPU all-reduce fit of
+    # profiles/kernels/h100.toml, 28.55 us and 338.78 GB/s bus bandwidth): 28.55 + 7/8 x 4,194,304 / 338.78e9
+    # = 39.3830 us; in all 73.5381 us (not 112.24 us: every rank sending the whole activation)
     src = [GpuSlot(0, g) for g in range(8)]
     dst = [GpuSlot(1, g) for g in range(8)]
-    assert ndr2.stage_send_time_s(nbytes, src, dst) == pytest.approx(t)
+    send = 23.0e-6 + 524_288 / 47.0e9
+    gather = 28.55e-6 + 7 / 8 * 4_194_304 / 338.78e9
+    assert ndr2.stage_send_time_s(nbytes, src, dst) == pytest.approx(send + gather, rel=1e-12)
+    assert ndr2.stage_send_time_s(nbytes, src, dst) == pytest.approx(73.5381e-6, abs=1e-10)
 
 
 def test_kv_transfer_time_by_hand(ndr2):

@@ -116,3 +116,100 @@ def test_cluster_plan_bad_inputs_are_one_line(tmp_path, capsys, argv, match):
                  str(tmp_path / "p"), *argv])
     err = capsys.readouterr().err
     assert code == 2 and match in err and len(err.strip().splitlines()) == 1
+
+
+def _plan(out, *argv):
+    import contextlib
+    import io
+
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        code = main(["plan", "--model", "llama-3.1-70b", "--gpu", "h100-sxm-80gb", "--rate", "6", "--slo",
+                     "ttft:p90:1000", "--slo", "tpot:p90:50", "--jobs", "2", "--no-progress", "--out", str(out), *argv])
+    return code, buf.getvalue()
+
+
+def test_max_gpus_16_lists_both_modes_and_multi_node_candidates(tmp_path):
+    # the done-when at its scale: Llama-3.1-70B on up to 16 H100s (8-GPU nodes, InfiniBand NDR), every
+    # TP x PP per pool (shortened: 150 requests, 2 seeds)
+    code, text = _plan(tmp_path / "p", "--max-gpus", "16", "--quick", "--seeds", "2")
+    assert code == 0
+    df = pd.read_csv(tmp_path / "p" / "plan.csv")
+    cands = df[df["status"].isin(["ok", "estimated"])]
+    assert {"colocated", "disaggregated"} <= set(cands["mode"])
+    assert {"colocated", "disaggregated"} <= set(df.loc[df["status"] == "ok", "mode"])   # both simulated in full
+    assert (cands["nodes"] > 1).any() and (df.loc[df["status"] == "ok", "nodes"] > 1).any()
+    assert cands["gpus"].max() <= 16 and set(cands["nodes"]) <= {1, 2}
+    # the best is a full simulation meeting the SLOs on both seeds; its cost is at its goodput
+    best = df[df["rank"] == 1].iloc[0]
+    assert best["status"] == "ok" and best["meets_slo"] and best["cost_basis"] == "goodput"
+    assert best["goodput_rps"] >= 6
+    assert set(df.loc[df["status"] == "estimated", "cost_basis"]) == {"rate: screen estimate, not simulated in full"}
+    assert "best by mode and node count:" in text and "disaggregated, 2 nodes:" in text
+
+
+def test_readme_tour_step_5(tmp_path):
+    # README step 5, as printed there (400 requests, 3 seeds): TP8 on one node answers with 8 GPUs; TP8 x PP2
+    # over two nodes and one TP8 prefill + one TP8 decode instance over two nodes meet the SLOs with 16, the
+    # disaggregated split with the widest margin (its decode instance never waits behind a prefill)
+    code, text = _plan(tmp_path / "p", "--max-gpus", "16", "--tp", "8")
+    assert code == 0
+    df = pd.read_csv(tmp_path / "p" / "plan.csv")
+    ok = df[(df["status"] == "ok") & df["meets_slo"].astype(bool)]
+
+    def best(prefix):
+        rows = ok[ok["deployment"].str.startswith(prefix)].sort_values("rank")
+        assert len(rows), prefix
+        return rows.iloc[0]
+
+    one = best("colocated 1x(TP8xPP1)")
+    two = best("colocated 1x(TP8xPP2)")
+    dis = best("disagg P 1x(TP8xPP1) static-2048 + D 1x(TP8xPP1)")
+    assert (one["gpus"], one["nodes"], one["rank"]) == (8, 1, 1)
+    assert (two["gpus"], two["nodes"], dis["gpus"], dis["nodes"]) == (16, 2, 16, 2)
+    assert dis["margin"] > two["margin"] > 0.3 and one["margin"] > 0.3
+    assert "Fewest GPUs: colocated 1x(TP8xPP1)" in (tmp_path / "p" / "recommendation.txt").read_text()
+    lines = [ln.strip() for ln in text.splitlines()]
+    for head in ("colocated, 1 node: colocated 1x(TP8xPP1)", "colocated, 2 nodes: colocated 1x(TP8xPP2)",
+                 "disaggregated, 2 nodes: disagg P 1x(TP8xPP1)"):
+        assert any(ln.startswith(head) and "meets the SLOs" in ln for ln in lines), head
+
+
+def test_max_gpus_refuses_other_engines(tmp_path, capsys):
+    code = main(["plan", "--model", "llama-3.1-8b", "--gpu", "h100-sxm-80gb", "--max-gpus", "4", "--rate", "1",
+                 "--engine", "sglang", "--no-progress", "--out", str(tmp_path / "p")])
+    err = capsys.readouterr().err
+    assert code == 2 and len(err.strip().splitlines()) == 1
+    assert "--engine sglang with --max-gpus: the cluster plan runs FastPP's scheduler" in err
+    assert "allowed: --engine fastpp with --max-gpus, or --gpus N to plan other engines" in err
+
+
+def test_pareto_points_and_the_staircase():
+    from sim.studies.plan import frontier_steps, pareto_points
+
+    # three measured (goodput) candidates, one missing at the rate, one screen estimate; 100 output tokens
+    rows = [
+        {"deployment": "A", "status": "ok", "gpus": 8, "goodput_rps": 8.0, "goodput_mean_tpot_ms": 40.0,
+         "mean_tpot_ms": 30.0, "rate_rps": 6.0},                                   # (25, 100)
+        {"deployment": "B", "status": "ok", "gpus": 16, "goodput_rps": 24.0, "goodput_mean_tpot_ms": 20.0,
+         "mean_tpot_ms": 15.0, "rate_rps": 6.0},                                   # (50, 150)
+        {"deployment": "C", "status": "ok", "gpus": 16, "goodput_rps": 12.0, "goodput_mean_tpot_ms": 25.0,
+         "mean_tpot_ms": 15.0, "rate_rps": 6.0},                                   # (40, 75): dominated by B
+        {"deployment": "D", "status": "ok", "gpus": 4, "goodput_rps": math.nan, "goodput_mean_tpot_ms": math.nan,
+         "mean_tpot_ms": 50.0, "rate_rps": 6.0},                                   # misses at 6: (20, 150) at the rate
+        {"deployment": "E", "status": "estimated", "gpus": 8, "goodput_rps": math.nan,
+         "goodput_mean_tpot_ms": math.nan, "mean_tpot_ms": 10.0, "rate_rps": 6.0},  # screen: (100, 75)
+    ]
+    pts = pareto_points(pd.DataFrame(rows), "rate", 100.0).set_index("deployment")
+    assert pts.loc["A", ["x", "y"]].tolist() == [25.0, 100.0] and pts.loc["B", ["x", "y"]].tolist() == [50.0, 150.0]
+    assert list(pts["basis"]) == ["goodput", "goodput", "goodput", "rate", "rate"]
+    assert pts.loc["D", "y"] == 150.0 and pts.loc["E", "x"] == 100.0
+    # B dominates A and C; D and E (at the rate, not measured) are never on the frontier even where they
+    # would dominate: their y only tells their GPU count apart
+    assert list(pts["front"]) == [False, True, False, False, False]
+    # the staircase: every corner attained by a frontier point (x ascending, y descending)
+    f = pd.DataFrame({"x": [10.0, 20.0, 30.0], "y": [300.0, 200.0, 100.0]})
+    xs, ys = frontier_steps(f)
+    assert list(zip(xs, ys)) == [(10, 300), (10, 200), (20, 200), (20, 100), (30, 100)]
+    for x, y in zip(xs, ys):
+        assert ((f["x"] >= x) & (f["y"] >= y)).any()

@@ -72,10 +72,12 @@ def test_cross_node_pp_send_by_hand():
     assert comm.crosses == (True,) and comm.one_node == (True, True)
     st = BatchStats(512)
     # the activation of 512 tokens: 16,384 B per token (hidden 4096 x 2 B x 2, the profile's
-    # activation_bytes_per_token) x 512 = 8,388,608 B from each of the 8 GPUs to its peer, each over its
-    # own NDR NIC: alpha 8.4 + 14.0 + 0.6 = 23.0 us, + 8,388,608 / 47.0e9 s = 178.481 us -> 201.481 us
-    cross = 23.0e-6 + 8_388_608 / 47.0e9
-    assert cross == pytest.approx(201.481e-6, abs=1e-9)
+    # activation_bytes_per_token) x 512 = 8,388,608 B; each of the 8 GPUs sends its 1/8 slice, 1,048,576 B,
+    # to its peer over its own NDR NIC: alpha 8.4 + 14.0 + 0.6 = 23.0 us, + 1,048,576 / 47.0e9 s = 22.310 us;
+    # node 1's TP8 group then all-gathers the slices over NVSwitch (8-GPU fit 28.55 us, 338.78 GB/s):
+    # 28.55 + 7/8 x 8,388,608 / 338.78e9 s = 50.216 us -> 95.526 us
+    cross = 23.0e-6 + 1_048_576 / 47.0e9 + 28.55e-6 + 7 / 8 * 8_388_608 / 338.78e9
+    assert cross == pytest.approx(95.526e-6, abs=1e-9)
     d0 = placed.stage_time(st, 0).comm_s - base.stage_time(st, 0).comm_s
     assert d0 == pytest.approx(cross - base.p2p_s(512), rel=1e-12)
     # the last stage sends nothing; its all-reduces stay inside node 1: unchanged

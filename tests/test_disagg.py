@@ -5,6 +5,7 @@ pre-allocation, who emits the first token, and that nothing is lost between the 
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -134,31 +135,109 @@ def test_first_token_from_the_prefill_side():
     assert s["num_kv_transfers"] == 1
 
 
-def test_nothing_is_lost_between_the_pools():
-    # two prefill instances (TP1) and two decode instances (TP2 x PP2) on 3 nodes, a loaded mixed workload,
-    # least-loaded routers: every request finishes, every KV hand-off lets the prefill side go only after the
-    # decode side holds it, and every pool is whole again at the end
-    t = table(prefill={"tp": 1, "instances": 2, "router": "least-loaded"},
-              decode={"tp": 2, "pp": 2, "instances": 2, "router": "least-loaded"}, nodes=3, gpn=4, n=150, rate=12.0)
-    t["latency"]["variance"] = True
+def audited_run(t, requests=None):
+    """A run whose KV ledger is checked after every event of the simulation (DisaggRun.audit)."""
     cfg = config_from_table(t)
-    arrays = RequestArrays.of(build_workload(cfg.workload, seed=cfg.seed))
-    dr = DisaggRun(cfg, arrays)
-    res = dr.run()
-    assert res.status == "ok"
-    flows = dr.flows_checked()
-    assert len(flows) == 150
-    for f in flows:
-        assert f.owner == "decode" and 0 <= f.seq_hold < f.seq_free, f.req.rid
-        assert f.landed_s >= f.prefilled_s >= f.start_s
+    arrays = RequestArrays.of(requests if requests is not None else build_workload(cfg.workload, seed=cfg.seed))
+    dr = DisaggRun(cfg, arrays, audit=True)
+    return dr, dr.run()
+
+
+def pools_whole(dr):
     for inst in dr.instances["prefill"] + dr.instances["decode"]:
         assert inst.sched.kv_free == inst.sched.kv_capacity and inst.held == 0 and inst.in_flight == 0
         assert inst.routed == 0 and not inst.queue
+
+
+def test_nothing_is_lost_between_the_pools():
+    # two prefill instances (TP1) and two decode instances (TP2 x PP2) on 3 nodes, a loaded mixed workload,
+    # least-loaded routers: after every event of the simulation each instance's pool adds up to its capacity
+    # with each request's KV owned by one side only (DisaggRun.audit), every request finishes, and every pool
+    # is whole again at the end
+    t = table(prefill={"tp": 1, "instances": 2, "router": "least-loaded"},
+              decode={"tp": 2, "pp": 2, "instances": 2, "router": "least-loaded"}, nodes=3, gpn=4, n=150, rate=12.0)
+    t["latency"]["variance"] = True
+    dr, res = audited_run(t)
+    assert res.status == "ok"
+    assert dr.audited["checks"] > 10_000
+    flows = dr.flows_checked()
+    assert len(flows) == 150
+    for f in flows:
+        assert f.landed_s >= f.prefilled_s >= f.start_s and f.landed_s >= f.ready_s
+    pools_whole(dr)
     df = requests_frame(res)
     assert len(df) == 150 and (df["status"] == "finished").all()
     assert (df["generated_tokens"] == df["max_new_tokens"]).all()
     assert set(df["prefill_instance"]) == {0, 1} and set(df["decode_instance"]) == {0, 1}
     assert (df["replica"] == df["decode_instance"]).all()
+
+
+@pytest.mark.parametrize("kv_transfer", ["after_prefill", "layerwise"])
+def test_a_full_decode_pool_keeps_the_kv_on_the_prefill_side(kv_transfer):
+    # decode pool of 5,000 tokens, 512 reserved per request, 1,500-token prompts: two fit (5,000 - 1,500 - 512
+    # = 2,988 >= 2,012 for the second; 2,000 - 1,024 < 2,012 for a third), so of 30 prompts arriving within a
+    # second, most finish their prefill long before the decode side has room (200 tokens to decode each) and
+    # wait with their KV held by the prefill instance; the ledger balances after every event all the same
+    reqs_ = [RequestSpec(i, 0.03 * i, 1500, 200) for i in range(30)]
+    t = table(decode={"tp": 1, "kv_tokens": 5000}, kv_transfer=kv_transfer)
+    dr, res = audited_run(t, reqs_)
+    assert res.status == "ok"
+    seen = dr.audited
+    assert seen["most_waiting_on_prefill"] >= 10 and len(seen["waited_on_prefill"]) >= 20
+    df = requests_frame(res)
+    assert (df["kv_wait_ms"] > 100).sum() >= 20 and (df["status"] == "finished").all()
+    # while they wait, the prefill instance's pool is short of exactly their prompts (the audit's ledger);
+    # the decode instance never holds more than two
+    assert dr.instances["decode"][0].pipe.kv_peak <= 2 * (1500 + 200)
+    pools_whole(dr)
+
+
+def test_retraction_on_the_decode_side_keeps_the_ledger():
+    # no decode reserve: three 1,500-token prompts fill 4,500 of 5,000 tokens and run out while decoding;
+    # "retract" requeues one, re-prefilled on its decode instance (its KV counted there throughout)
+    reqs_ = [RequestSpec(i, 0.01 * i, 1500, 400) for i in range(8)]
+    t = table(decode={"tp": 1, "kv_tokens": 5000}, decode_reserve_tokens=0)
+    t["server"] = {"on_kv_exhausted": "retract"}
+    dr, res = audited_run(t, reqs_)
+    assert res.status == "ok"
+    df = requests_frame(res)
+    assert df["num_retractions"].sum() >= 1 and (df["status"] == "finished").all()
+    pools_whole(dr)
+
+
+def test_the_audit_catches_a_prefill_copy_freed_too_early(monkeypatch):
+    # a planted bug: the prefill instance frees the prompt's KV when its prefill ends, before the decode side
+    # holds it (and the hand-off frees nothing more): the audit fails at the first such instant
+    from sim.engine import disagg
+
+    early = set()
+
+    def free_early(self, shadow):
+        flow = self.flows[id(shadow)]
+        orig_prefilled(self, shadow)
+        self.instances["prefill"][flow.p].sched.kv_free += flow.tokens   # freed now ...
+        early.add(id(flow))
+
+    def land(self, flow):
+        orig_land(self, flow)
+        if id(flow) in early:   # ... so the landing's own free leaves the totals right at the end
+            self.instances["prefill"][flow.p].sched.kv_free -= flow.tokens
+
+    orig_prefilled, orig_land = disagg.DisaggRun._prefilled, disagg.DisaggRun._land
+    monkeypatch.setattr(disagg.DisaggRun, "_prefilled", free_early)
+    monkeypatch.setattr(disagg.DisaggRun, "_land", land)
+    reqs_ = [RequestSpec(i, 0.03 * i, 1500, 200) for i in range(6)]
+    t = table(decode={"tp": 1, "kv_tokens": 5000})
+    # without the audit the run ends with every pool whole: only a check during the run sees the bug
+    cfg = config_from_table(t)
+    dr = DisaggRun(cfg, RequestArrays.of(reqs_))
+    assert dr.run().status == "ok"
+    assert all(i.sched.kv_free == i.sched.kv_capacity for i in dr.instances["prefill"] + dr.instances["decode"])
+    with pytest.raises(disagg.KVLedgerError, match=r"prefill 0: \d+ free \+ \d+ of its requests \+ 1500 owned "
+                                                   r"finished prefills \+ 0 decode slots in flight") as exc:
+        audited_run(t, reqs_)
+    total, pool = map(int, re.search(r"= (\d+) != its pool of (\d+) tokens", str(exc.value)).groups())
+    assert total - pool == 1500   # the one prompt freed early, counted free and owned at once
 
 
 def test_timeline_and_cli(tmp_path):

@@ -174,7 +174,15 @@ def test_plan_at_a_rate_writes_every_candidate_with_its_numbers(tmp_path, capsys
     ranked = sim[sim["rank"].notna()]
     assert ranked["meets_slo"].all() and (ranked["p99_ttft_ms"] <= 3000).all()
     assert (ranked["p90_tpot_ms"] <= 150).all()
-    assert ranked["cost_per_million_requests"].iloc[0] == pytest.approx(2.0 * 2 / 3600 / 1.5 * 1e6)
+    # cost per million requests at each one's own goodput (first seed, searched from 1.5 req/s upward), not
+    # at the rate, where it would be 2 GPUs x $2 / 3600 / 1.5 x 1e6 = $740.74 for every row
+    assert (ranked["cost_basis"] == "goodput").all() and (ranked["goodput_rps"] >= 1.5).all()
+    for r in ranked.itertuples():
+        assert r.cost_per_million_requests == pytest.approx(2.0 * 2 / 3600 / r.goodput_rps * 1e6, rel=1e-5)
+    assert ranked["cost_per_million_requests"].nunique() > 1
+    assert list(ranked["cost_per_million_requests"]) == sorted(ranked["cost_per_million_requests"])
+    misses = sim[~sim["meets_slo"].astype(bool)]
+    assert (misses["cost_basis"].str.startswith("rate: misses")).all()
     doc = json.loads((tmp_path / "j.json").read_text())
     assert doc["mode"] == "rate" and doc["slo"] == "P99 TTFT <= 3000 ms and P90 TPOT <= 150 ms"
     assert len(doc["candidates"]) == len(df) and doc["verdict"] in text
@@ -211,6 +219,10 @@ def test_plan_replays_a_trace_at_its_timestamps(tmp_path, capsys):
     assert code == 0 and "30 requests replayed at their timestamps (mean 0.5 req/s)" in text
     doc = json.loads((tmp_path / "o" / "plan.json").read_text())
     assert doc["mode"] == "rate" and doc["rate_rps"] == pytest.approx(0.5)
+    # no rate to raise: cost at the trace's own rate, and the CSV says so
+    df = pd.read_csv(tmp_path / "o" / "plan.csv")
+    assert (df.loc[df["status"] == "ok", "cost_basis"] == "rate: a trace replayed at its timestamps "
+                                                          "(no rate to raise)").all()
 
 
 def test_plan_bad_inputs_are_one_line(tmp_path, capsys):
@@ -243,3 +255,35 @@ def test_splits_use_built_profiles_for_tp8_and_say_why_weights_do_not_fit():
     assert "weights need 65.5 GB per GPU, have 41.9" in sp[(8, 1, 1)].reason
     h100 = splits(family_dir("h100-sxm-80gb"), "h100", "llama-3.1-70b", 4)
     assert {s.tp for s in h100} == {1, 2, 4} and all(s.profile.startswith("profiles/built/h100") for s in h100)
+
+
+def test_gpus_beyond_a_node_are_placed_on_nodes(tmp_path, capsys):
+    from sim.studies.plan import cluster_table, nodes_used
+
+    # placement in order, each TP group inside a node (sim.profiling.cluster.place)
+    assert nodes_used(8, [("colocated", 1, 8, 2)]) == 2       # TP8 x PP2: a stage per node
+    assert nodes_used(8, [("colocated", 4, 4, 1)]) == 2
+    assert nodes_used(8, [("colocated", 2, 8, 2)]) == 4
+    assert nodes_used(8, [("colocated", 1, 4, 2)]) == 1
+    assert nodes_used(8, [("colocated", 4, 3, 1)]) == 2       # TP3 groups: 3 + 3 on each node, 2 GPUs idle
+    assert cluster_table(1, 8, "ib-ndr") is None
+    assert cluster_table(2, 8, "ib-ndr") == {"nodes": 2, "gpus_per_node": 8, "network": "ib-ndr"}
+    # 2 GPUs on 1-GPU nodes over RoCE: every split takes two nodes and is simulated there (its PP send, its
+    # TP all-reduces, its second replica on the other node)
+    out = tmp_path / "p"
+    code = main(["plan", "--model", "qwen2.5-14b", "--gpus", "2", "--gpus-per-node", "1", "--network", "roce-100g",
+                 "--workload", "azure-conv-synth", "--quick", "--set", "workload.num_requests=20", "--rate", "4",
+                 "--seeds", "1", "--no-progress", "--out", str(out)])
+    text = capsys.readouterr().out
+    assert code == 0 and "placed on nodes of 1 (roce-100g between them)" in text
+    df = pd.read_csv(out / "plan.csv")
+    sim = df[df["status"] == "ok"]
+    assert len(sim) and set(sim["nodes"]) == {2} and set(sim["network"]) == {"roce-100g"}
+    # every run of the plan was placed on the two nodes (the run cache keeps each run's table and summary)
+    lines = [json.loads(ln) for ln in (out / "cache.jsonl").read_text().splitlines()]
+    assert lines and all(ln["table"]["cluster"] == {"nodes": 2, "gpus_per_node": 1, "network": "roce-100g"}
+                         and ln["summary"]["nodes_used"] == 2 for ln in lines)
+    # --interconnect both cannot be placed (its profiles name no hardware)
+    assert main(["plan", "--model", "qwen2.5-14b", "--gpus", "16", "--interconnect", "both", "--rate", "1",
+                 "--no-progress", "--out", str(tmp_path / "b")]) == 2
+    assert "--interconnect both with --gpus 16 > --gpus-per-node 8" in capsys.readouterr().err

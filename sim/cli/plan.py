@@ -65,9 +65,11 @@ def add_commands(sub) -> None:
     p.add_argument("--max-gpus", type=int_in(1, 4096), default=None, metavar="N",
                    help="with --rate: the fewest GPUs up to N that meet the SLOs, over nodes, co-located and "
                         "disaggregated deployments (--gpu defaults to h100-sxm-80gb)")
-    p.add_argument("--gpus-per-node", type=int_in(1, 64), default=8, help="--max-gpus: GPUs per node (default 8)")
-    p.add_argument("--network", default="ib-ndr", help="--max-gpus: the network between nodes "
-                                                        "(profiles/networks/; default ib-ndr)")
+    p.add_argument("--gpus-per-node", type=int_in(1, 64), default=8,
+                   help="GPUs per node (default 8): --max-gpus places every candidate on such nodes; --gpus N "
+                        "larger than it places each split on them too (the plan's nodes column)")
+    p.add_argument("--network", default="ib-ndr", help="the network between nodes, for --max-gpus and for --gpus N "
+                                                        "beyond one node (profiles/networks/; default ib-ndr)")
     p.add_argument("--pp", type=_int_list, default=(1, 2, 4), metavar="1,2,4",
                    help="--max-gpus: the PP degrees searched per pool (default 1,2,4)")
     p.add_argument("--tp", type=_int_list, default=None, metavar="1,2,4,8",
@@ -82,7 +84,8 @@ def add_commands(sub) -> None:
     p.add_argument("--first-token", choices=("decode", "prefill"), default="decode",
                    help="--max-gpus: which pool emits token 1 (decode: vLLM/SGLang/Dynamo; prefill: DistServe)")
     p.add_argument("--engine", type=_engine_list, default=("fastpp",), metavar="A,B",
-                   help="serving engines to plan over, one more axis: fastpp (default), sglang, vllm-v1")
+                   help="serving engines to plan over, one more axis: fastpp (default), sglang, vllm-v1 (--gpus "
+                        "only: --max-gpus runs FastPP's scheduler, as disaggregated pools do)")
     p.add_argument("--workload", default="azure-conv-synth", help="workload name or a workload TOML file")
     p.add_argument("--trace", default=None, metavar="FILE",
                    help="a CSV trace (Azure columns by default) replayed at its timestamps (scaled to --rate if given)")
@@ -135,7 +138,9 @@ def cmd_plan(args) -> int:
         load = f"the trace's own timestamps ({args.trace})"
     gpus_text = (f"up to {args.max_gpus} ({args.gpu or 'h100-sxm-80gb'}, {args.gpus_per_node} per node, "
                  f"{args.network} between nodes); co-located and disaggregated, TP x PP per pool"
-                 if args.max_gpus else f"{args.gpus or 4} ({args.gpu or args.interconnect}); every TP x PP x replicas split")
+                 if args.max_gpus else f"{args.gpus or 4} ({args.gpu or args.interconnect}); every TP x PP x replicas split"
+                 + (f", placed on nodes of {args.gpus_per_node} ({args.network} between them)"
+                    if (args.gpus or 4) > args.gpus_per_node else ""))
     print(format_header({
         "model": args.model, "gpus": gpus_text,
         "chunk policy": f"each of {', '.join(args.policies if args.max_gpus else POLICIES)}", "workload": source, "rate": load,
@@ -150,17 +155,18 @@ def cmd_plan(args) -> int:
     if args.json:
         fsio.write_text(args.json, text)
     plot_plan(df, mode, meta["slo"], out / "plan.png", out_tokens=meta.get("output_tokens_per_request"),
-              rate=meta.get("rate_rps"))
+              rate=meta.get("rate_rps"), rule=meta.get("rule"))
     if args.max_gpus:
         return _print_cluster(df, meta, args, out, slo)
     print(meta["load"] + f"; {meta['seeds']} paired seed(s); {meta['slo']}")
     for line in meta["interconnect_notes"]:
         print(line)
-    if mode == "rate":
-        cols = ["rank", "deployment", *slo.keys(), "p99_e2e_ms", "slo_attainment", "kv_headroom", "margin",
-                cost_key(df), "meets_slo", "tied_with_best"]
+    nodes = ["nodes"] if "nodes" in df and (df["nodes"].fillna(1) > 1).any() else []
+    if mode == "rate":  # cost at each one's goodput (plan.csv's cost_basis says which rows it is not)
+        cols = ["rank", "deployment", *nodes, *slo.keys(), "p99_e2e_ms", "slo_attainment", "kv_headroom", "margin",
+                "goodput_rps", cost_key(df), "meets_slo", "tied_with_best"]
     else:
-        cols = ["rank", "deployment", "goodput_rps", "goodput_ci_lo", "goodput_ci_hi", cost_key(df),
+        cols = ["rank", "deployment", *nodes, "goodput_rps", "goodput_ci_lo", "goodput_ci_hi", cost_key(df),
                 *[f"{k}_at_80pct" for k in slo.keys()], "kv_headroom_at_80pct", "tied_with_best"]
     shown = df[df["status"] == "ok"]
     if not args.all:

@@ -6,8 +6,9 @@ The deployment (`[parallel]` replicas x TP x PP, or the two pools of `[disaggreg
 another over the nodes. Each instance then gets its own latency model, whose communication is costed by
 where its ranks sit (`InstanceComm`, the `placement` hook of `sim.latency.profiled.ProfiledLatencyModel`):
 
-- a PP activation send to a stage on another node: `ClusterModel.stage_send_time_s` (TP rank i to TP rank
-  i, all at once, each over its GPU's share of the node's NICs);
+- a PP activation send to a stage on another node: `ClusterModel.stage_send_time_s` (TP rank i sends its
+  1/TP slice to TP rank i, all at once, each over its GPU's share of the node's NICs; the receiving TP group
+  then all-gathers the slices, as vLLM and SGLang do);
 - the two all-reduces per layer of a TP group spanning nodes: `ClusterModel.allreduce_time_s` (NCCL's ring
   over the network), and the logits all-gather of such a group as an all-reduce of half the bytes (as the
   profiles cost it); the run says so in a warning line (stderr and summary.json `warnings`);

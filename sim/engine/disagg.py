@@ -36,7 +36,10 @@ either pool works), placed on the `[cluster]` with the two pools one after the o
 5. **Hand-off.** When the KV has arrived the decode instance holds it (its reservation becomes the
    request's), and only then does the prefill instance free its copy: a request's KV has one owner at a
    time. The request joins the decode instance's running requests at its next micro-batch (as a decode:
-   one token at its context).
+   one token at its context). `DisaggRun.audit` checks this ledger: every instance's pool equals, token
+   for token, what its owned requests, held prefills, pre-allocations and in-flight decode slots account
+   for (`DisaggRun(audit=True)` runs it after every event of the simulation; tests/test_disagg.py, with a
+   planted early free that it catches).
 6. **First token** (`first_token`):
    - `"decode"` (vLLM's disaggregated proxy streams the decode instance's output; SGLang's and Dynamo's
      clients read the decode server): token 1 comes from the decode instance's first step after the KV
@@ -66,7 +69,6 @@ interfering beyond re-prefills after retraction. Pools run FastPP's scheduler (`
 
 from __future__ import annotations
 
-import itertools
 import math
 from collections import deque
 from dataclasses import replace
@@ -99,11 +101,16 @@ class DisaggFailed(Exception):
     """The deployment cannot go on (a prompt larger than an empty decode pool)."""
 
 
+class KVLedgerError(AssertionError):
+    """The KV audit found a pool whose tokens do not add up to its capacity when each request's KV is owned
+    by one side only, or a request counting tokens on a side that does not own its KV (`DisaggRun.audit`)."""
+
+
 class Flow:
     """One request's way through the two pools (times in seconds; nan until it happens)."""
 
     __slots__ = ("req", "shadow", "p", "d", "tokens", "start_s", "prefilled_s", "ready_s", "xfer_start_s",
-                 "landed_s", "link_wait_s", "bytes", "seq_hold", "seq_free", "owner")
+                 "landed_s", "link_wait_s", "bytes")
 
     def __init__(self, req: Req, shadow: Req, p: int, d: int) -> None:
         self.req, self.shadow, self.p, self.d = req, shadow, p, d
@@ -112,8 +119,6 @@ class Flow:
         self.start_s = self.prefilled_s = self.ready_s = self.xfer_start_s = self.landed_s = nan
         self.link_wait_s = nan
         self.bytes = 0
-        self.seq_hold = self.seq_free = -1
-        self.owner = ""  # "prefill" while the prefill instance holds the KV, then "decode"
 
 
 class Instance:
@@ -183,7 +188,10 @@ def run_disaggregated(cfg: RunConfig, requests, keep_iterations: bool = True, al
 
 
 class DisaggRun:
-    def __init__(self, cfg: RunConfig, arrays: RequestArrays, itls: bool = True) -> None:
+    """One disaggregated run. `audit=True` checks the KV ledger (`audit`) after every event of the
+    simulation: slower, for tests."""
+
+    def __init__(self, cfg: RunConfig, arrays: RequestArrays, itls: bool = True, audit: bool = False) -> None:
         from sim.engine.run import build_latency, load_profile_cached, pool_sizes, startup_profile
 
         self.cfg = cfg
@@ -194,7 +202,6 @@ class DisaggRun:
         shapes = [PoolShape(n, getattr(dg, n).instances, getattr(dg, n).tp, getattr(dg, n).pp) for n in POOLS]
         self.placed: PlacedRun = place_pools(cfg, shapes, base.meta, base.path)
         self.env = simpy.Environment()
-        self.seq = itertools.count()
         sizes, lats = {}, {}
         for name in POOLS:
             pc = self.pool_cfgs[name]
@@ -266,6 +273,10 @@ class DisaggRun:
         self.routed_all = False
         self.failure = ""
         self.stop = self.env.event()
+        self.audit_on = audit
+        # what the audits saw: checks made, and the requests seen waiting for the decode side's pre-allocation
+        # with their finished prefill's KV held by the prefill instance (most at once, and which)
+        self.audited = {"checks": 0, "most_waiting_on_prefill": 0, "waited_on_prefill": set()}
 
     # -- routing ----------------------------------------------------------------------------------------------
     def _pick(self, pool: str, k: int) -> int:
@@ -339,7 +350,6 @@ class DisaggRun:
         # the prefill instance keeps the prompt's KV (just freed by its scheduler) until the decode side holds it
         pre.sched.kv_free -= flow.tokens
         pre.held += flow.tokens
-        flow.owner = "prefill"
         self._transfer(flow)
 
     # -- decode side --------------------------------------------------------------------------------------------
@@ -396,14 +406,10 @@ class DisaggRun:
         req.prefix_len = req.fill_len = req.prompt_len
         req.kv_base = flow.tokens  # the reservation is now the request's
         dec.in_flight -= 1
-        flow.owner = "decode"
-        flow.seq_hold = next(self.seq)
         flow.landed_s = now
         dec.pipe.inbox.push(req)
-        assert flow.owner == "decode" and flow.seq_hold >= 0, "the prefill side frees only after the decode side holds"
         pre.sched.kv_free += flow.tokens
         pre.held -= flow.tokens
-        flow.seq_free = next(self.seq)
         self.unlanded -= 1
         self._maybe_close()
 
@@ -423,6 +429,75 @@ class DisaggRun:
             for inst in self.instances["decode"]:
                 inst.pipe.inbox.close()
 
+    # -- the KV ledger ------------------------------------------------------------------------------------------
+    def audit(self) -> None:
+        """Check, at this instant, that nothing is lost between the pools (raises `KVLedgerError`).
+
+        Each request's KV has exactly one owner, given by where it is in its life: the prefill instance
+        from its first chunk until the decode instance holds it (the transfer has landed), the decode
+        instance after. From that alone, and each request's own token count (`Req.kv_held`), the ledger of
+        every instance is rebuilt and must equal its pool, token for token:
+
+            capacity = free + tokens of the requests it computes (prefill: the prompts being prefilled;
+                       decode: the landed requests, re-prefills after a retraction included)
+                     + prefill: the finished prefills it owns, awaiting their transfer's landing
+                     + decode: the pre-allocations of transfers not landed yet
+                     + the decode tokens of micro-batches in flight (allocated when formed, counted by the
+                       request when its token comes back)
+
+        A prefill side that frees a copy before the decode side holds it leaves its pool with more free
+        tokens than the ledger; one that never frees it, with fewer; a decode side that takes a request
+        without its pre-allocation, likewise. The instances' own counters (`held`, `in_flight`) must agree
+        with the ledger too. A pipeline that failed (its scheduler stopped mid-batch) is not checked."""
+        ledger: dict[tuple[str, int], int] = {}
+        held: dict[int, int] = {}
+        reserved: dict[int, int] = {}
+        waiting = 0
+        for f in self.by_row.values():
+            prefilled, landed = not math.isnan(f.prefilled_s), not math.isnan(f.landed_s)
+            on_prefill = prefilled and not landed and not self._direct(f)
+            ledger["prefill", f.p] = ledger.get(("prefill", f.p), 0) + f.shadow.kv_held
+            if prefilled and f.shadow.kv_held:
+                raise KVLedgerError(f"request {f.req.rid}: its finished prefill still counts {f.shadow.kv_held} "
+                                    f"tokens as its own on prefill instance {f.p}")
+            if on_prefill:
+                held[f.p] = held.get(f.p, 0) + f.tokens
+                if math.isnan(f.ready_s):  # waiting for room on the decode side, its KV on the prefill side
+                    waiting += 1
+                    self.audited["waited_on_prefill"].add(f.req.rid)
+            if not math.isnan(f.ready_s) and not landed:
+                reserved[f.d] = reserved.get(f.d, 0) + f.tokens
+            if landed:
+                ledger["decode", f.d] = ledger.get(("decode", f.d), 0) + f.req.kv_held
+            elif f.req.kv_held and not f.req.finished:
+                raise KVLedgerError(f"request {f.req.rid}: {f.req.kv_held} tokens on decode instance {f.d} before "
+                                    f"its KV landed")
+        for pool in POOLS:
+            for inst in self.instances[pool]:
+                if inst.pipe.status == "failed":
+                    continue
+                i, sched = inst.index, inst.sched
+                slots = sum(len(m.decodes) for m in inst.pipe.inflight if m is not None)
+                own = ledger.get((pool, i), 0)
+                extra = held.get(i, 0) if pool == "prefill" else reserved.get(i, 0)
+                total = sched.kv_free + own + extra + slots
+                if total != sched.kv_capacity:
+                    what = "owned finished prefills" if pool == "prefill" else "pre-allocations in flight"
+                    raise KVLedgerError(
+                        f"t={self.env.now:.6f}s {inst.name}: {sched.kv_free} free + {own} of its requests + {extra} "
+                        f"{what} + {slots} decode slots in flight = {total} != its pool of {sched.kv_capacity} tokens")
+                if pool == "prefill" and inst.held != held.get(i, 0):
+                    raise KVLedgerError(f"{inst.name}: holds {inst.held} tokens for transfers, the ledger "
+                                        f"{held.get(i, 0)}")
+                if pool == "decode" and inst.in_flight != sum(
+                        1 for f in self.by_row.values()
+                        if f.d == i and not math.isnan(f.ready_s) and math.isnan(f.landed_s)):
+                    raise KVLedgerError(f"{inst.name}: {inst.in_flight} transfers in flight by its count, not the "
+                                        f"ledger's")
+        a = self.audited
+        a["checks"] += 1
+        a["most_waiting_on_prefill"] = max(a["most_waiting_on_prefill"], waiting)
+
     # -- the run ------------------------------------------------------------------------------------------------
     def _watch(self, pipe: Pipeline) -> None:
         def done(_ev) -> None:
@@ -439,6 +514,14 @@ class DisaggRun:
         for p in pipes:
             self._watch(p)
         env.process(self._route())
+        if self.audit_on:  # the ledger after every event (env.run calls env.step for each)
+            step = env.step
+
+            def audited_step() -> None:
+                step()
+                self.audit()
+
+            env.step = audited_step  # type: ignore[method-assign]
         until = [env.all_of([p.proc for p in pipes]), self.stop]
         if self.cfg.horizon_s:
             until.append(env.timeout(self.cfg.horizon_s))
@@ -517,7 +600,7 @@ class DisaggRun:
         return cols
 
     def flows_checked(self) -> list[Flow]:
-        """Every flow, after the run (tests read the hand-off order)."""
+        """Every flow, after the run (tests read their times)."""
         return list(self.by_row.values())
 
 

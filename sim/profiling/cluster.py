@@ -22,6 +22,9 @@ What it models
     or the cluster's `nics_per_node / gpus_per_node` when given): GPUs that share a NIC (AWS p4d: 2 per NIC)
     are assumed to use it at the same time, as the ranks of a pipeline or a KV transfer do; GPUs with several
     NICs (AWS p5: 4) stripe over them, as aws-ofi-nccl does;
+  - a PP stage boundary (`stage_send_time_s`): each TP rank sends its 1/TP slice of the activation to its
+    peer in the next stage, all at once, and the receiving TP group all-gathers the slices (vLLM's and
+    SGLang's `send_tensor_dict(..., all_gather_group=<TP group>)`);
   - a ring all-reduce over ranks on several nodes follows NCCL's own cost model (NVIDIA/nccl
     src/graph/tuning.cc at commit b6475625fbcaa2c3c0e50eed2fa1255d7514d4a2: `baseLat`, `hwLat`, net
     overhead, LL's bandwidth cap; the cheapest of the LL, LL128 and Simple protocols, as NCCL picks):
@@ -557,11 +560,28 @@ class ClusterModel:
         return alpha + nbytes / bw
 
     def stage_send_time_s(self, nbytes: float, src: Sequence[GpuSlot], dst: Sequence[GpuSlot]) -> float:
-        """A PP stage boundary: TP rank i of one stage sends `nbytes` to TP rank i of the next, all at once."""
+        """A PP stage boundary carrying an activation of `nbytes` (every TP rank holds all of it after the
+        stage's last all-reduce), sent as vLLM and SGLang send it: `send_tensor_dict(..., all_gather_group=
+        <the TP group>)` (vllm `vllm/v1/worker/gpu_model_runner.py` with `get_tp_group()`, sglang
+        `python/sglang/srt/managers/scheduler_pp_mixin.py` with `self.attn_tp_group`; the slicing is
+        `GroupCoordinator.send_tensor_dict` / `recv_tensor_dict` in both engines' `distributed/parallel_state.py`):
+
+        1. TP rank i of one stage sends its 1/TP slice, `nbytes / TP`, to TP rank i of the next, all pairs at
+           once, each over its own link (across nodes: its GPU's share of the node's NICs, `p2p_time_s`);
+        2. the receiving stage's TP group all-gathers the slices into the whole activation: a ring
+           all-gather of `nbytes`, costed as `allreduce_time_s` of half the bytes (a ring all-gather moves
+           half a ring all-reduce's bytes: alpha + (TP-1)/TP x nbytes / bus bandwidth; inside a node the
+           interconnect's all-reduce fit, as the profiles cost the logits all-gather).
+
+        TP1: the whole activation, no gather. (The engines send whole tensors whose size is not a multiple
+        of TP; hidden size x tokens always is here.)"""
         if len(src) != len(dst) or not src:
             raise ConfigError(f"cluster: a stage send pairs TP ranks; got {len(src)} source and {len(dst)} "
                               f"destination ranks; allowed: the same number, at least 1")
-        return max(self.p2p_time_s(nbytes, a, b) for a, b in zip(src, dst, strict=True))
+        nbytes = self._check_bytes(nbytes)
+        tp = len(src)
+        send = max(self.p2p_time_s(nbytes / tp, a, b) for a, b in zip(src, dst, strict=True))
+        return send + (self.allreduce_time_s(nbytes / 2, dst) if tp > 1 else 0.0)
 
     def allreduce_time_s(self, nbytes: float, ranks: Sequence[GpuSlot]) -> float:
         """A ring all-reduce of `nbytes` over `ranks` (see the module docstring)."""

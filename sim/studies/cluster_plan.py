@@ -32,9 +32,15 @@ The search, with its stated bounds (each candidate's row says which one decided 
    the first round adds the fewest-GPU candidate of each mode and node count) are simulated in full (every instance, router, placement, KV transfers) over the paired seeds; one that
    misses gets the next count of the instance kind it missed with (TTFT: prefill, TPOT: decode) in the
    next round. A candidate not confirmed keeps its screen numbers (status `estimated`).
-4. Cost: each confirmed candidate's goodput (first seed, a goodput search from R upward), and its cost per
-   million requests at that goodput (`--price-per-gpu-hour`, else GPU-hours), since at R itself the cost of
-   equal GPU counts is equal.
+4. Cost: each confirmed candidate's goodput (first seed, searched from R upward to within 10%:
+   `sim.studies.plan.goodputs_above`), and its cost per million requests at that goodput
+   (`--price-per-gpu-hour`, else GPU-hours), since at R itself the cost of equal GPU counts is equal;
+   `cost_basis` in plan.csv says which rows are at the goodput and which at the rate (screen estimates,
+   candidates missing the SLOs). plan.png puts each confirmed candidate at its goodput (output tokens/s per
+   GPU) and the mean TPOT of its run there (`sim.studies.plan.pareto_points`).
+
+Every candidate runs FastPP's scheduler (disaggregated pools run only FastPP's): `--engine` other than
+fastpp is refused with --max-gpus.
 
 Ranking: confirmed candidates meeting the SLOs on every seed, by fewest GPUs, then cost at goodput, then
 margin (mean over seeds); those of the best one's GPU count whose margin CI overlaps its are tied.
@@ -51,9 +57,11 @@ from sim.core.errors import ConfigError
 from sim.core.lazy import lazy
 from sim.core.slo import SLO
 from sim.latency.profiled import Profile, kv_capacity_tokens
-from sim.studies.plan import (CONTEXT_TOKENS, MEM_FRACTION, POLICIES, at_rate_row, cost_per_million,
-                              deployment_table, resolve_profile, throughput_bound_rps, weights_reason, _short)
-from sim.studies.sweep import Runner, Search, goodput_searches
+from sim.studies.plan import (COST_AT_GOODPUT, COST_AT_RATE_ESTIMATED, COST_AT_RATE_MISSES, COST_AT_RATE_NO_GOODPUT,
+                              CONTEXT_TOKENS, MEM_FRACTION, POLICIES, at_rate_row, cost_per_million, deployment_table,
+                              goodputs_above, nodes_used, resolve_profile, throughput_bound_rps, weights_reason,
+                              _short)
+from sim.studies.sweep import Runner
 
 np = lazy("numpy")
 pd = lazy("pandas")
@@ -439,22 +447,13 @@ class ClusterPlan:
                      D=c.D + (not prefill_missed), screen=c.screen)
         return n if n.gpus <= self.N else None
 
-    def _goodputs(self, ok: list[Cand]) -> dict[tuple, float]:
-        """First-seed goodput of each confirmed candidate, searched from R upward (cost at goodput)."""
-        if not ok:
-            return {}
-        R = self.rate
-        rates = sorted({round(R * f, 4) for f in (1.0, 1.25, 1.5, 2.0, 3.0)})
-        searches = [Search({"key": i}, self._table_no_rate(c), rates, slo=self.slo) for i, c in enumerate(ok)]
-        found = goodput_searches(self.runner, searches, tol=max(0.05, round(0.05 * R, 2)), desc="plan: goodput",
-                                 full_sweep=False)
-        return {c.key(): f["goodput_rps"] for c, f in zip(ok, found)}
+    def _goodputs(self, ok: list[Cand]) -> dict[tuple, tuple[float, dict | None]]:
+        """First-seed goodput of each confirmed candidate, searched from R upward (cost at goodput), with the
+        summary of its run at that goodput (`sim.studies.plan.goodputs_above`)."""
+        found = goodputs_above(self.runner, [self.table_of(c, self.seeds[0], True) for c in ok], self.rate, self.slo)
+        return {c.key(): f for c, f in zip(ok, found)}
 
-    def _table_no_rate(self, c: Cand) -> dict:
-        t = self.table_of(c, self.seeds[0], True)
-        return t
-
-    def _row(self, c: Cand, summ: list[dict] | None, goodput: float | None) -> dict:
+    def _row(self, c: Cand, summ: list[dict] | None, found: tuple[float, dict | None] | None) -> dict:
         base = {"mode": c.mode, "deployment": c.label(), "policy": c.policy, "gpus": c.gpus,
                 "rate_rps": self.rate}
         if c.mode == "colocated":
@@ -475,18 +474,23 @@ class ClusterPlan:
                     **{k: _num(sc.get(k)) for k in self.slo.keys()},
                     "screen_margin": self.slo.margin(sc) if sc else math.nan, "meets_slo": False,
                     "gpu_hours_per_million_requests": cost_per_million(1.0, c.gpus, self.rate),
-                    "cost_per_million_requests": cost_per_million(price, c.gpus, self.rate)}
+                    "cost_per_million_requests": cost_per_million(price, c.gpus, self.rate),
+                    "cost_basis": COST_AT_RATE_ESTIMATED}
         row = {**base, "status": "ok", "reason": "", "num_seeds": len(summ), **at_rate_row(summ, self.slo),
                "note": ""}
         for k in ("mean_kv_transfer_ms", "p99_kv_transfer_ms", "kv_link_utilisation_max"):
             row[k] = _num(np.nanmean([_num(s.get(k)) for s in summ])) if any(s.get(k) is not None for s in summ) \
                 else math.nan
         row["screen_margin"] = self.slo.margin(c.screen) if c.screen else math.nan
-        g = goodput if goodput is not None and goodput > 0 else None
+        g = found[0] if found is not None and found[0] > 0 else None
         row["goodput_rps"] = g if g is not None else math.nan
+        at_g = found[1] if found is not None and g is not None else None
+        row["goodput_mean_tpot_ms"] = _num(at_g.get("mean_tpot_ms")) if at_g else math.nan
         at = g if g is not None else self.rate
         row["gpu_hours_per_million_requests"] = cost_per_million(1.0, c.gpus, at)
         row["cost_per_million_requests"] = cost_per_million(price, c.gpus, at)
+        row["cost_basis"] = (COST_AT_GOODPUT if g is not None else COST_AT_RATE_NO_GOODPUT if row["meets_slo"]
+                             else COST_AT_RATE_MISSES)
         if not row["meets_slo"]:
             row["note"] = "misses the SLOs in full simulation" + (
                 f" on {len(summ) - int(row['seeds_meeting'])} of {len(summ)} seeds" if row["seeds_meeting"] else "")
@@ -605,6 +609,12 @@ def run_cluster_plan(args) -> tuple[pd.DataFrame, dict]:
                           "--workload NAME with --rate")
     if args.seeds < 1:
         raise ConfigError("--seeds must be >= 1")
+    engines = list(getattr(args, "engine", None) or ["fastpp"])
+    other = [e for e in engines if e != "fastpp"]
+    if other:
+        raise ConfigError(f"--engine {other[0]} with --max-gpus: the cluster plan runs FastPP's scheduler "
+                          f"(disaggregated pools run only FastPP's); allowed: --engine fastpp with --max-gpus, or "
+                          f"--gpus N to plan other engines")
     load_network(args.network)  # one-line error naming the allowed networks
     bad = [p for p in args.policies if p not in POLICIES]
     if bad or not args.policies:
@@ -632,7 +642,7 @@ def run_cluster_plan(args) -> tuple[pd.DataFrame, dict]:
                           f"fits (" + "; ".join(f"TP{r['tp']}xPP{r['pp']}: {r['reason']}" for r in dropped[:3]) + ")")
     plan = ClusterPlan(args, runner, load, slo, seeds, price, fam, tokens)
     rows = plan.run(shapes)
-    df = pd.DataFrame([*rows, *plan.rows, *[{**r, "nodes": math.ceil(r["gpus"] / args.gpus_per_node)}
+    df = pd.DataFrame([*rows, *plan.rows, *[{**r, "nodes": nodes_used(args.gpus_per_node, [("x", 1, r["tp"], r["pp"])])}
                                             for r in dropped]])
     df["interconnect"] = fam.name
     df["router"] = "least-loaded"
@@ -643,7 +653,8 @@ def run_cluster_plan(args) -> tuple[pd.DataFrame, dict]:
             "slo": slo.describe(), "seeds": len(seeds), "rate_rps": load.rate_rps, "load": load.note,
             "interconnect_notes": [], "tokens_per_request": tokens["total"], "output_tokens_per_request":
             tokens["output"], "pruned": plan.pruned, "kv_transfer": args.kv_transfer,
-            "first_token": args.first_token, "policies": list(args.policies)}
+            "first_token": args.first_token, "policies": list(args.policies),
+            "rule": "fewest GPUs meeting the SLOs on every seed, then cost at its goodput"}
     meta["verdict"] = cluster_verdict(df, load.rate_rps, slo.describe(), args.max_gpus, plan.pruned)
     meta["by_mode_and_nodes"] = by_mode_and_nodes(df)
     return df, meta

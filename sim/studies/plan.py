@@ -12,8 +12,18 @@ Two questions:
   when `--rate` is given): simulate every candidate at that load and report mean/P50/P90/P99
   TTFT, TPOT and E2E, the percentiles the SLO names, SLO attainment, KV headroom, cost per
   million requests and whether the SLOs hold; rank those meeting them by cost, then margin.
+  At R the cost of N GPUs is the same for every split, so for those meeting the SLOs it is taken
+  at each one's goodput (`goodputs_above`: first seed, searched from R upward to within 10%);
+  `cost_basis` in plan.csv says which rows are at the goodput and which at the rate (those
+  missing the SLOs; a trace replayed at its timestamps, which has no rate to raise).
 - no `--rate`: each candidate's goodput (the highest rate meeting the SLOs; `sim.studies.sweep`),
   mean and 95% CI over the seeds, ranked by goodput with CI ties broken by cost, then GPUs.
+
+More GPUs than a node holds (`--gpus N` > `--gpus-per-node`, default 8): every split is placed
+on nodes of that many GPUs joined by `--network` (`nodes_used`: in order, each TP group inside one
+node), and its runs carry that `[cluster]` table, so a PP send to another node and a TP group's
+all-reduces across nodes are costed over the network (sim/engine/cluster.py); plan.csv's `nodes` is
+the placement's.
 
 Seeds are paired: seed s gives every candidate the same arrivals and lengths. They are staged:
 the first seed runs for every candidate; the others only where they can change the answer
@@ -45,7 +55,6 @@ from sim.core.lazy import lazy, lazy_pyplot
 
 import copy
 import math
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -53,12 +62,12 @@ plt = lazy_pyplot()
 pd = lazy("pandas")  # imported on first use (sim/core/lazy.py)
 np = lazy("numpy")
 
-from sim.core import tomlio  # noqa: E402
+from sim.core import fsio, tomlio  # noqa: E402
 from sim.core.config import REPO_ROOT  # noqa: E402
 from sim.core.errors import ConfigError  # noqa: E402
 from sim.latency.profiled import Profile, ProfiledLatencyModel, kv_capacity_tokens  # noqa: E402
 from sim.core.slo import SLO, slo_from_specs  # noqa: E402
-from sim.studies.sweep import Runner, Search, goodput_searches, mean_ci, with_rate  # noqa: E402
+from sim.studies.sweep import Runner, Search, goodput_searches, mean_ci, meets_slo, with_rate  # noqa: E402
 from sim.studies.verdict import family, rank, verdict  # noqa: E402
 from sim.workloads import build_workload, resolve_workload  # noqa: E402
 
@@ -215,11 +224,12 @@ def like_for_like(base: Path, other: Path, model: str, dest: Path) -> tuple[Path
         new["derivation"] = {"like_for_like": f"{_short(d)} with [comm] and broadcast_us from {_short(od)}"}
         out = dest / model / d.name
         out.mkdir(parents=True, exist_ok=True)
-        (out / "meta.toml").write_text(tomlio.dumps(new))
+        # the tables first and meta.toml last: a folder with meta.toml is a complete profile
         for f in ("layer_nonattn.csv", "attention.csv"):
-            shutil.copyfile(d / f, out / f)
+            fsio.write_bytes(out / f, (d / f).read_bytes())
         if new["comm"].get("model") == "table":
-            shutil.copyfile(od / "comm.csv", out / "comm.csv")
+            fsio.write_bytes(out / "comm.csv", (od / "comm.csv").read_bytes())
+        fsio.write_text(out / "meta.toml", tomlio.dumps(new))
         changed = [f"{k} {meta['comm'].get(k)} -> {v}" for k, v in ometa["comm"].items() if meta["comm"].get(k) != v]
         b0, b1 = meta["overhead"].get("broadcast_us"), ometa["overhead"].get("broadcast_us")
         if b0 != b1:
@@ -305,7 +315,8 @@ def policies_for(c: dict) -> list[str]:
 
 
 def deployment_table(workload: dict, profile: str, replicas: int, tp: int, pp: int, router: str, policy: str,
-                     slo: SLO, seed: int = 1, stop_early: bool = False, engine: str = "fastpp") -> dict:
+                     slo: SLO, seed: int = 1, stop_early: bool = False, engine: str = "fastpp",
+                     cluster: dict | None = None) -> dict:
     chunk_policy, chunk, rebalancer = POLICIES[policy]
     slo_table = {k: v for k, v in vars(slo).items() if v is not None}
     slo_table["stop_when_violated"] = stop_early
@@ -321,7 +332,73 @@ def deployment_table(workload: dict, profile: str, replicas: int, tp: int, pp: i
         table["scheduler"]["rebalancer"] = copy.deepcopy(rebalancer)
     if engine != "fastpp":  # (a FastPP table stays as before engines were an axis: same cache keys)
         table["scheduler"]["engine"] = engine
+    if cluster is not None:  # placed on nodes (sim/engine/cluster.py); one node: no table, the same run
+        table["cluster"] = copy.deepcopy(cluster)
     return table
+
+
+def nodes_used(gpus_per_node: int, pools: list[tuple[str, int, int, int]]) -> int:
+    """The nodes of `gpus_per_node` GPUs that pools of (name, instances, TP, PP) take when placed in order
+    (sim.profiling.cluster.place: each TP group inside one node when it fits)."""
+    from sim.profiling.cluster import ClusterSpec, PoolShape, place
+
+    spec = ClusterSpec(1 << 20, gpus_per_node, "", "", "")
+    return place(spec, [PoolShape(n, k, tp, pp) for n, k, tp, pp in pools]).nodes_used
+
+
+def cluster_table(nodes: int, gpus_per_node: int, network: str) -> dict | None:
+    """The `[cluster]` table of a run over `nodes` nodes (None for one node: the run without it, bit for bit)."""
+    if nodes <= 1:
+        return None
+    return {"nodes": nodes, "gpus_per_node": gpus_per_node, "network": network}
+
+
+GOODPUT_RESOLUTION = 1.1   # a goodput above the rate is bracketed to within 10% (the highest pass / lowest fail)
+
+
+def goodputs_above(runner: Runner, tables: list[dict], rate: float, slo: SLO,
+                   desc: str = "plan: goodput") -> list[tuple[float, dict | None]]:
+    """The goodput of each deployment (`tables`, each on its seed and meeting the SLOs at `rate`), searched
+    from `rate` upward: the rate doubled until a run misses the SLOs (never beyond the deployment's physical
+    ceiling, `sim.studies.sweep.Search.ceiling_rps`), then geometric bisection until the highest passing
+    rate is within 10% of the lowest failing one (`GOODPUT_RESOLUTION`); the runs of every deployment in one
+    parallel batch per step, each holding its rate as long as the run at R spans (more requests at higher
+    rates, as goodput searches do: `Search.window_s`), the failing ones stopped once certain to miss. Returns
+    (goodput: the highest passing rate; the summary of its run, a full run). The run at R is the table
+    itself (cached); a table missing the SLOs there gets (0, None). Cost per million requests is taken at
+    this goodput: at R it is GPUs / R, the same for every deployment of a GPU count."""
+    searches = [Search({"key": i}, t, [rate], slo=slo) for i, t in enumerate(tables)]
+    n = len(searches)
+    lo, hi = [0.0] * n, [math.inf] * n
+    at: list[dict | None] = [None] * n
+    probes = [(i, float(rate)) for i in range(n)]
+    while probes:
+        res = runner.run([searches[i].at(r) for i, r in probes], desc=desc)
+        for (i, r), out in zip(probes, res):
+            if meets_slo(out, slo):
+                lo[i], at[i] = r, out
+            else:
+                hi[i] = r
+        probes = []
+        for i, s in enumerate(searches):
+            if lo[i] <= 0:
+                continue
+            if math.isinf(hi[i]):
+                r = round(min(2 * lo[i], s.ceiling_rps), 4)
+            elif hi[i] / lo[i] > GOODPUT_RESOLUTION:
+                r = round(math.sqrt(lo[i] * hi[i]), 4)
+            else:
+                continue
+            if lo[i] < r < hi[i]:
+                probes.append((i, r))
+    return [(lo[i], at[i]) for i in range(n)]
+
+
+COST_AT_GOODPUT = "goodput"
+COST_AT_RATE_MISSES = "rate: misses the SLOs at the rate (no goodput searched)"
+COST_AT_RATE_NO_GOODPUT = "rate: goodput not found"
+COST_AT_RATE_ESTIMATED = "rate: screen estimate, not simulated in full"
+COST_AT_RATE_TRACE = "rate: a trace replayed at its timestamps (no rate to raise)"
 
 
 def _num(v) -> float:
@@ -410,6 +487,18 @@ def run_plan(args) -> tuple[pd.DataFrame, dict]:
         path, value = parse_override(text)
         overrides[path[1]] = value
     out = Path(args.out)
+    # more GPUs than a node holds: every split is placed on nodes of --gpus-per-node GPUs joined by --network
+    # (its cross-node sends and spanning all-reduces costed there; sim/engine/cluster.py)
+    gpn = getattr(args, "gpus_per_node", None) or 8
+    network = getattr(args, "network", None) or "ib-ndr"
+    if args.gpus > gpn:
+        from sim.profiling.cluster import load_network
+
+        load_network(network)  # one-line error naming the allowed networks
+        if not args.gpu and args.interconnect == "both":
+            raise ConfigError(f"--interconnect both with --gpus {args.gpus} > --gpus-per-node {gpn}: the like-for-like "
+                              f"profiles name no hardware to place on nodes; allowed: --gpus <= {gpn}, or one "
+                              f"interconnect")
     families, notes = [], []
     if args.gpu:
         families = [(Path(args.gpu).name, family_dir(args.gpu))]
@@ -443,9 +532,11 @@ def run_plan(args) -> tuple[pd.DataFrame, dict]:
     for fam_name, fam in families:
         for sp, eng in ((sp, eng) for sp in splits(fam, fam_name, args.model, args.gpus) for eng in engines):
             routers = ["round-robin", "least-loaded"] if sp.replicas > 1 else ["single"]
+            nodes = nodes_used(gpn, [("colocated", sp.replicas, sp.tp, sp.pp)])
             for router in routers:
                 base = {"interconnect": fam_name, "replicas": sp.replicas, "tp": sp.tp, "pp": sp.pp,
-                        "gpus": args.gpus, "nodes": 1, "mode": "colocated", "engine": eng,
+                        "gpus": args.gpus, "nodes": nodes, "gpus_per_node": gpn,
+                        "network": network if nodes > 1 else "-", "mode": "colocated", "engine": eng,
                         "router": router, "family": family(sp.replicas, sp.tp, sp.pp),
                         "profile": sp.profile, "kv_tokens": sp.kv_tokens}
                 if sp.reason:
@@ -470,7 +561,10 @@ def run_plan(args) -> tuple[pd.DataFrame, dict]:
     df["warnings"] = [_warnings(r, mode) for r in df.to_dict("records")]
     meta = {"mode": mode, "model": args.model, "gpus": args.gpus, "slo": slo.describe(), "seeds": len(seeds),
             "rate_rps": load.rate_rps, "load": load.note, "interconnect_notes": notes,
-            "tokens_per_request": tokens, "output_tokens_per_request": _output_tokens(load.table)}
+            "tokens_per_request": tokens, "output_tokens_per_request": _output_tokens(load.table),
+            "gpus_per_node": gpn, "network": network if args.gpus > gpn else None,
+            "rule": ("lowest cost per million requests at its goodput among those meeting the SLOs on every seed, "
+                     "then margin" if mode == "rate" else "highest goodput (CI ties: lower cost, then fewer GPUs)")}
     meta["verdict"] = verdict(df, mode, slo.describe(), load.rate_rps)
     return df, meta
 
@@ -485,7 +579,7 @@ def _plan_at_rate(runner, cands, load, slo, seeds, price, within: float) -> list
     def table(c, policy, seed):
         router = "round-robin" if c["router"] == "single" else c["router"]
         t = deployment_table(load.table, c["profile"], c["replicas"], c["tp"], c["pp"], router, policy, slo, seed,
-                             stop_early=True, engine=c.get("engine", "fastpp"))
+                             stop_early=True, engine=c.get("engine", "fastpp"), cluster=_cluster_of(c))
         t["slo"]["stop_factor"] = STOP_FACTOR
         return t
 
@@ -517,7 +611,28 @@ def _plan_at_rate(runner, cands, load, slo, seeds, price, within: float) -> list
             row["note"] = (f"{len(summ)} seed: first-seed margin {margin1[i]:+.0%} is more than {within:.0%} from "
                            f"the SLO boundary and from the best of its cost")
         rows.append(row)
+    # cost at each deployment's own goodput (at the rate it is GPUs / rate, the same for every split of N GPUs):
+    # searched from the rate upward on the first seed, for those meeting the SLOs on every seed
+    # (a trace replayed at its timestamps has no rate to raise: its cost stays at its own rate)
+    meets = [i for i, r in enumerate(rows) if r["meets_slo"]] if not load.timestamped else []
+    found = goodputs_above(runner, [table(*items[i], seeds[0]) for i in meets], load.rate_rps, slo)
+    for i, (g, at_g) in zip(meets, found):
+        rows[i]["goodput_rps"] = g if g > 0 else math.nan
+        rows[i]["goodput_mean_tpot_ms"] = _num(at_g.get("mean_tpot_ms")) if at_g and g > 0 else math.nan
+    for i, row in enumerate(rows):
+        c = items[i][0]
+        g = row.get("goodput_rps", math.nan)
+        has_goodput = isinstance(g, float) and g > 0
+        at = g if has_goodput else load.rate_rps
+        row["cost_basis"] = (COST_AT_GOODPUT if has_goodput else COST_AT_RATE_TRACE if load.timestamped
+                             else COST_AT_RATE_NO_GOODPUT if row["meets_slo"] else COST_AT_RATE_MISSES)
+        row["gpu_hours_per_million_requests"] = cost_per_million(1.0, c["gpus"], at)
+        row["cost_per_million_requests"] = cost_per_million(price[c["interconnect"]], c["gpus"], at)
     return rows
+
+
+def _cluster_of(c: dict) -> dict | None:
+    return cluster_table(int(c.get("nodes", 1)), int(c.get("gpus_per_node", 8)), c.get("network", "ib-ndr"))
 
 
 def _plan_goodput(runner, cands, load, slo, seeds, price, args) -> list[dict]:
@@ -527,7 +642,7 @@ def _plan_goodput(runner, cands, load, slo, seeds, price, args) -> list[dict]:
     def search(c, policy, seed, stop=True):
         router = "round-robin" if c["router"] == "single" else c["router"]
         table = deployment_table(load.table, c["profile"], c["replicas"], c["tp"], c["pp"], router, policy, slo,
-                                 seed, stop_early=stop, engine=c.get("engine", "fastpp"))
+                                 seed, stop_early=stop, engine=c.get("engine", "fastpp"), cluster=_cluster_of(c))
         rates = [r for r in RATES if r < c["throughput_bound_rps"]] + [round(c["throughput_bound_rps"], 4)]
         return Search({"policy": policy, "seed": seed}, table, sorted(set(rates)), slo=slo)
 
@@ -582,6 +697,7 @@ def _plan_goodput(runner, cands, load, slo, seeds, price, args) -> list[dict]:
                      "goodput_rps": m, "goodput_ci_lo": max(lo, 0.0), "goodput_ci_hi": hi, "goodput_per_gpu": m / c["gpus"],
                      "gpu_hours_per_million_requests": cost_per_million(1.0, c["gpus"], m),
                      "cost_per_million_requests": cost_per_million(price[c["interconnect"]], c["gpus"], m),
+                     "cost_basis": COST_AT_GOODPUT,
                      **{f"{k}_at_80pct": _num(r.get(k)) for k in slo.keys()},
                      "mean_tpot_ms_at_80pct": _num(r.get("mean_tpot_ms")),
                      "kv_headroom_at_80pct": head, "flag": "; ".join(flags),
@@ -608,64 +724,131 @@ NODE_MARKERS = {1: "o", 2: "s", 3: "^", 4: "D"}
 
 
 def pareto_points(df: pd.DataFrame, mode: str, out_tokens: float | None) -> pd.DataFrame:
-    """Every candidate with numbers as a point: x = tokens/s per user (1000 / mean TPOT), y = output tokens/s
-    per GPU at the rate (goodput mode: at the goodput), `front` on the Pareto frontier of the two (no other
-    point at least as good in both and better in one)."""
-    tpot_col = "mean_tpot_ms_at_80pct" if mode == "goodput" else "mean_tpot_ms"
-    if tpot_col not in df or not out_tokens:
-        return pd.DataFrame(columns=["x", "y", "front"])
+    """Every candidate with numbers as a point (x = tokens/s per user, 1000 / mean TPOT; y = output tokens/s
+    per GPU), `basis` saying where both were taken:
+
+    - "goodput": at the candidate's goodput (goodput mode: mean over seeds, TPOT at 80% of it; rate mode:
+      first seed, searched from the rate upward for those meeting the SLOs, TPOT of the run at it);
+    - "rate": at the rate R only, where no goodput was measured: y = R x output tokens / GPUs, an upper bound
+      on the goodput per GPU of one that misses the SLOs at R, and, for a screen estimate (the cluster plan's
+      candidates not simulated in full), what its screens promise at R.
+
+    `front`: on the Pareto frontier of the "goodput" points (no other such point at least as good in both
+    and better in one); "rate" points are never on it (every candidate runs at the same R, so their y only
+    tells the GPU count apart)."""
+    cols = ["x", "y", "basis", "front"]
+    if not out_tokens:
+        return pd.DataFrame(columns=cols)
     pts = df[df["status"].isin(["ok", "estimated"])].copy()
-    tpot = pts[tpot_col].astype(float)
-    load = pts["goodput_rps"].astype(float) if mode == "goodput" else pts["rate_rps"].astype(float)
-    pts["x"] = 1000.0 / tpot
-    pts["y"] = load * out_tokens / pts["gpus"].astype(float)
+    nan = pd.Series(np.nan, index=pts.index)
+    gpus = pts["gpus"].astype(float)
+    goodput = pts["goodput_rps"].astype(float) if "goodput_rps" in pts else nan
+    if mode == "goodput":
+        g_tpot = pts["mean_tpot_ms_at_80pct"].astype(float) if "mean_tpot_ms_at_80pct" in pts else nan
+        r_tpot, rate = nan, nan
+    else:
+        g_tpot = pts["goodput_mean_tpot_ms"].astype(float) if "goodput_mean_tpot_ms" in pts else nan
+        r_tpot = pts["mean_tpot_ms"].astype(float) if "mean_tpot_ms" in pts else nan
+        rate = pts["rate_rps"].astype(float) if "rate_rps" in pts else nan
+    measured = np.isfinite(goodput) & (goodput > 0) & np.isfinite(g_tpot) & (pts["status"] == "ok")
+    pts["basis"] = np.where(measured, "goodput", "rate")
+    pts["x"] = np.where(measured, 1000.0 / g_tpot, 1000.0 / r_tpot)
+    pts["y"] = np.where(measured, goodput, rate) * out_tokens / gpus
     pts = pts[np.isfinite(pts["x"]) & np.isfinite(pts["y"])]
-    xs, ys = pts["x"].to_numpy(), pts["y"].to_numpy()
-    front = [not np.any((xs >= x) & (ys >= y) & ((xs > x) | (ys > y))) for x, y in zip(xs, ys)]
-    pts["front"] = front
+    g = pts["basis"] == "goodput"
+    xs, ys = pts.loc[g, "x"].to_numpy(), pts.loc[g, "y"].to_numpy()
+    pts["front"] = False
+    if g.any():
+        pts.loc[g, "front"] = [not np.any((xs >= x) & (ys >= y) & ((xs > x) | (ys > y))) for x, y in zip(xs, ys)]
     return pts
 
 
+def frontier_steps(front: pd.DataFrame) -> tuple[list[float], list[float]]:
+    """The Pareto frontier of points maximising x and y as a staircase whose every corner some point attains
+    (x ascending, y descending): from each point down to the next one's y, then across to it."""
+    f = front.sort_values(["x", "y"], ascending=[True, False])
+    xs, ys = [], []
+    for x, y in zip(f["x"], f["y"]):
+        if xs:
+            xs.append(xs[-1])   # down from the previous point to this one's y: dominated by this point
+            ys.append(y)
+        xs.append(x)
+        ys.append(y)
+    return xs, ys
+
+
+def _wrap(text: str, width: int = 44) -> str:
+    import textwrap
+
+    return "\n".join(textwrap.wrap(text, width))
+
+
 def plot_plan(df: pd.DataFrame, mode: str, slo: str, path: Path, out_tokens: float | None = None,
-              rate: float | None = None) -> None:
-    """Two panels: the Pareto frontier of throughput per GPU against per-user speed (every candidate with
-    numbers a point, colour = co-located or disaggregated, marker = nodes, hollow = misses the SLOs, the
-    chosen deployment starred), then the top 20 candidates' margin at the rate (or goodput with its CI),
-    readable; the rest are in plan.csv."""
+              rate: float | None = None, rule: str | None = None) -> None:
+    """Two panels: the Pareto frontier of output tokens/s per GPU at each candidate's goodput against tokens/s
+    per user (`pareto_points`: colour = co-located or disaggregated, marker = nodes; filled = its goodput
+    measured; hollow = at the rate only, missing the SLOs there; faint = a screen estimate at the rate; the
+    frontier a staircase through the measured points, the chosen deployment starred, with its ranking rule
+    and whether it is on the frontier), then the top 20 candidates' margin at the rate (or goodput with its
+    CI), readable; the rest are in plan.csv."""
     pts = pareto_points(df, mode, out_tokens)
     top = df[df["status"].isin(["ok", "estimated"])].head(20)
     fig, (ax, bx) = plt.subplots(2, 1, figsize=(11, 6.5 + 0.32 * max(len(top), 4)),
                                  gridspec_kw={"height_ratios": [6.5, 0.32 * max(len(top), 4) + 0.6]})
     ranked = df["rank"] if "rank" in df else pd.Series(np.nan, index=df.index)
+    drawn = set()
     for _, r in pts.iterrows():
-        meets = bool(r.get("meets_slo")) if r["status"] == "ok" else \
-            (isinstance(r.get("screen_margin"), float) and r["screen_margin"] >= 0)
         color = MODE_COLORS.get(r.get("mode", "colocated"), "tab:gray")
         nodes = int(r.get("nodes", 1) or 1) if r.get("nodes", 1) == r.get("nodes", 1) else 1
-        ax.scatter(r["x"], r["y"], marker=NODE_MARKERS.get(nodes, "P"), s=46, edgecolors=color,
-                   facecolors=color if meets else "none", alpha=1.0 if r["status"] == "ok" else 0.45, linewidths=1.2)
-    front = pts[pts["front"]].sort_values("x")
+        measured = r["basis"] == "goodput"
+        key = (round(r["x"], 6), round(r["y"], 6), color, nodes, measured, r["status"])
+        if key in drawn:   # (screens composed alike give many estimates one point: drawn once, not darker)
+            continue
+        drawn.add(key)
+        estimated = r["status"] == "estimated"
+        ax.scatter(r["x"], r["y"], marker=NODE_MARKERS.get(nodes, "P"), s=36 if estimated else 46, edgecolors=color,
+                   facecolors=color if measured else "none", alpha=0.4 if estimated else 1.0,
+                   linewidths=1.0 if estimated else 1.2, linestyles=":" if estimated else "-")
+    front = pts[pts["front"]]
     if len(front):
-        ax.step(front["x"], front["y"], where="post", color="k", lw=1.0, label="Pareto frontier")
+        fx, fy = frontier_steps(front)
+        ax.plot(fx, fy, color="k", lw=1.0, label="Pareto frontier (of the measured points)")
     best = df[ranked == 1]
-    if len(best) and len(pts):
+    if len(best):
         b = pts.loc[pts.index.intersection(best.index)]
+        name = best.iloc[0]["deployment"]
+        why = f" ({rule})" if rule else ""
         if len(b):
+            on = bool(b["front"].iloc[0])
+            where = "on the frontier" if on else (
+                "off the frontier: chosen by the rule, not by tokens/s per GPU" if b["basis"].iloc[0] == "goodput"
+                else "at the rate: no goodput measured")
             ax.scatter(b["x"], b["y"], marker="*", s=320, facecolors="none", edgecolors="red", linewidths=1.6,
-                       label=f"chosen: {best.iloc[0]['deployment']}")
+                       label=_wrap(f"chosen: {name}{why}; {where}"))
+        else:
+            ax.scatter([], [], marker="*", s=320, facecolors="none", edgecolors="red",
+                       label=_wrap(f"chosen: {name}{why}; not drawn (no numbers to place it)"))
     from matplotlib.lines import Line2D
 
     handles = [Line2D([], [], ls="", marker="o", color=c, label=m) for m, c in MODE_COLORS.items()
                if "mode" in pts and (pts["mode"] == m).any()]
     handles += [Line2D([], [], ls="", marker=mk, color="k", markerfacecolor="none", label=f"{n} node{'s' if n > 1 else ''}")
                 for n, mk in NODE_MARKERS.items() if "nodes" in pts and (pts["nodes"] == n).any()]
-    handles += [Line2D([], [], ls="", marker="o", color="gray", markerfacecolor="none", label="misses the SLOs")]
+    handles += [Line2D([], [], ls="", marker="o", color="gray", label="filled: at its goodput (measured)")]
+    load = f"{rate:g} req/s" if rate else "the rate"
+    if mode == "rate" and ((pts["basis"] == "rate") & (pts["status"] == "ok")).any():
+        handles += [Line2D([], [], ls="", marker="o", color="gray", markerfacecolor="none",
+                           label=f"hollow: misses the SLOs at {load}; drawn at it (its goodput per GPU is lower)")]
+    if (pts["status"] == "estimated").any():
+        handles += [Line2D([], [], ls="", marker="o", color="gray", markerfacecolor="none", alpha=0.35,
+                           label=f"faint: screen estimate at {load}, not simulated in full")]
     h0, l0 = ax.get_legend_handles_labels()
-    ax.legend(h0 + handles, l0 + [h.get_label() for h in handles], fontsize=8, loc="best")
-    load = "goodput" if mode == "goodput" else (f"{rate:g} req/s" if rate else "the rate")
-    ax.set_xlabel("tokens/s per user (1000 / mean TPOT)")
-    ax.set_ylabel(f"output tokens/s per GPU at {load}")
-    ax.set_title(f"ppsim plan: every candidate with numbers (faint: screen estimate); {slo}", fontsize=10)
+    ax.legend(h0 + handles, l0 + [_wrap(h.get_label()) for h in handles], fontsize=7, loc="upper left",
+              bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
+    ax.set_xlabel("tokens/s per user (1000 / mean TPOT, at the same load as y" +
+                  (": 80% of the goodput)" if mode == "goodput" else ")"))
+    ax.set_ylabel("output tokens/s per GPU at its goodput")
+    ax.set_title(f"ppsim plan: every candidate with numbers; {slo}", fontsize=10)
     ax.grid(alpha=0.3)
     if not len(pts):
         ax.text(0.5, 0.5, "no candidate with numbers", transform=ax.transAxes, ha="center")

@@ -127,7 +127,6 @@ def verdict(ranked: pd.DataFrame, mode: str, slo_text: str, rate_rps: float | No
     fam = best["family"]
     tied = ranked[ranked["tied_with_best"] & (ranked["rank"] > 1)]
     key, unit = ("goodput_rps", " req/s") if mode == "goodput" else ("margin", "")
-    pct = mode == "rate"
 
     def describe(r) -> str:
         if mode == "goodput":
@@ -135,6 +134,9 @@ def verdict(ranked: pd.DataFrame, mode: str, slo_text: str, rate_rps: float | No
         cost = float(r[ck]) if ck in r else math.nan
         c = ("" if not math.isfinite(cost) else f", ${cost:,.0f} per million requests" if ck.startswith("cost")
              else f", {cost:,.0f} GPU-hours per million requests")
+        g = r.get("goodput_rps")
+        if c and r.get("cost_basis") == "goodput" and isinstance(g, float) and math.isfinite(g):
+            c += f" at its goodput {g:.3g} req/s (first seed)"   # sim.studies.plan.goodputs_above
         return f"{r['deployment']} with margin {_ci(r['margin'], r['margin_ci_lo'], r['margin_ci_hi'], '', True)}{c}"
 
     text = [head, f"Best: {describe(best)} ({fam})."]
