@@ -272,7 +272,7 @@ def build_family(data: Path, family: str, a100_ref: dict | None):
                           "TP degree) per token count (the per-layer GEMM time a stage is built from)"}
     meta["gemm_sources"] = sources
     csv = render_gemm_csv(grid, shapes, table)
-    text = f"# Written by profiles/build_kernels.py from ../shared/data; do not edit by hand.\n" + tomlio.dumps(meta)
+    text = "# Written by profiles/build_kernels.py from ../shared/data; do not edit by hand.\n" + tomlio.dumps(meta)
     ref = {"shapes": shapes, "table": table, "attention": meta["attention"], "files": files}
     return text, csv, (loo, lay), ref
 

@@ -39,7 +39,6 @@ builder is then re-run so the committed profiles match.
 from __future__ import annotations
 
 import argparse
-import itertools
 import math
 import os
 import subprocess

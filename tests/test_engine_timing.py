@@ -11,7 +11,6 @@ from sim.engine.run import run
 from sim.latency.base import BatchStats, StepTime
 from sim.outputs.metrics import iterations_frame, requests_frame, summarize
 from sim.policies.static import StaticChunk
-from sim.workloads import RequestSpec
 
 from conftest import make_config, make_req, make_sched
 

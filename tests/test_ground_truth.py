@@ -16,7 +16,6 @@ from sim.latency.analysis import with_overrides
 from sim.latency.base import BatchStats
 from sim.latency.profiled import Profile, ProfiledLatencyModel
 from sim.latency.variance import IterationNoise, VarianceParams, sample_factors
-from sim.outputs.metrics import summarize
 from sim.core.schemes import scheme_table
 
 from conftest import REPO

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import textwrap
 from pathlib import Path
 
 import numpy as np
@@ -12,7 +11,7 @@ import pandas as pd
 import pytest
 
 from sim.cli import main as ppsim
-from sim.core.errors import DataError, PipeSimError
+from sim.core.errors import DataError
 from sim.latency.profiled import Profile, ProfiledLatencyModel
 
 REPO = Path(__file__).resolve().parents[1]

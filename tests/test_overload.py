@@ -31,7 +31,7 @@ DECODE_OOM = dict(
 @pytest.mark.parametrize("table,what", [(PREFILL_OOM, "prefill batch"), (DECODE_OOM, "decode batch")])
 def test_exit_fails_like_the_artifact_and_retract_keeps_serving(table, what):
     res = run(make_config(**table))
-    assert res.status == "failed" and f"KV allocation failed" in res.reason and what in res.reason
+    assert res.status == "failed" and "KV allocation failed" in res.reason and what in res.reason
     assert run(make_config(server={"on_kv_exhausted": "exit"}, **table)).reason == res.reason  # the default
     res = run(make_config(server={"on_kv_exhausted": "retract"}, **table))
     s = summarize(res)

@@ -98,7 +98,6 @@ def test_decode_only_steps_decay_token_ratio_and_retraction_requeues_at_tail():
     for r in reqs:
         r.state = "running"
     s.waiting.clear()
-    from sim.engine.state import MicroBatch
     for r in reqs:
         s._alloc(r, r.prompt_len, "prefill", 0.0)
         r.prefix_len = r.prompt_len

@@ -168,7 +168,7 @@ def markdown(result: dict) -> str:
         f"{result['seeds']} paired seeds; expected: **{result['expect']}** (margin {result['margin_pct']:g}% "
         f"of the baseline).",
         "",
-        f"| workload | baseline | candidate | candidate - baseline (95% CI) | verdict |",
+        "| workload | baseline | candidate | candidate - baseline (95% CI) | verdict |",
         "|---|---|---|---|---|",
     ]
     sign = 1.0 if result["higher_is_better"] else -1.0

@@ -37,7 +37,6 @@ from typing import Any
 np = lazy("numpy")  # imported on first use (sim/core/lazy.py)
 pd = lazy("pandas")  # imported on first use (sim/core/lazy.py)
 
-from sim.outputs.bench_metrics import bench_metrics
 from sim.core.checks import number
 from sim.core.errors import ConfigError, DataError
 from sim.workloads.trace import json_lines
