@@ -47,7 +47,12 @@ def source_digests() -> dict[str, str]:
 
 
 def write_manifest(folder: Path, digests: dict[str, str]) -> None:
-    (folder / MANIFEST).write_text("".join(f"{m} {d}\n" for m, d in digests.items()))
+    # Written last by sim.native_build, and atomically (a temporary sibling renamed into place, as
+    # sim/core/fsio.py does; this layer may not import it): a build is used only once its whole
+    # manifest exists, so an interrupted build is never mistaken for a fresh one.
+    tmp = folder / f".{MANIFEST}.tmp-{os.getpid()}"
+    tmp.write_text("".join(f"{m} {d}\n" for m, d in digests.items()))
+    os.replace(tmp, folder / MANIFEST)
 
 
 def compiled_file(module: str, folder: Path = OUT) -> Path | None:

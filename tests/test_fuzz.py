@@ -1,11 +1,12 @@
-"""The fuzz suite (issue 32): Hypothesis over configs and `--set` overrides, traces, bench logs
-and run folders: NaN, inf, huge, negative, wrong types, non-UTF-8, compressed, cut and foreign
-files. Each case must keep the contract of tests/fuzzing.py: exit 0 with a valid result or one
-line naming the input and exit 2; no hang, traceback, internal error, write outside `--out`, or
-change to a file that existed before.
+"""The fuzz suite (issue 32): Hypothesis over configs and `--set` overrides, traces, bench logs,
+profile values and run folders: NaN, inf, huge, negative, wrong types, non-UTF-8, compressed,
+damaged, cut and foreign files. Each case must keep the contract of tests/fuzzing.py: exit 0 with a
+valid result or one line naming the input (an error caused by a `--set` names it as `--set KEY`)
+and exit 2; no hang, traceback, internal error, write outside `--out`, or change to a file that
+existed before or to the project's files (`confined`).
 
-`make test` runs a few hundred cases (FUZZ_EXAMPLES per test); `make test-all` (--runslow) runs
-at least 10^4 in all (FUZZ_EXAMPLES_SLOW per test).
+`make test` runs a few hundred cases (FUZZ_EXAMPLES per test, PROFILE_SCALE times that for profile
+values); `make test-all` (--runslow) runs at least 10^4 in all (FUZZ_EXAMPLES_SLOW per test).
 """
 
 from __future__ import annotations
@@ -14,27 +15,40 @@ import gzip
 import json
 import math
 import os
+import re
 import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
+import hypothesis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.fuzzing import check, invoke, snapshot, toml_value
+from sim.core.limits import max_num_requests
+from tests.fuzzing import check, confined, invoke, snapshot, toml_value
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT = str(REPO / "experiments" / "configs" / "default.toml")
 FUZZ_EXAMPLES = 60
-FUZZ_EXAMPLES_SLOW = 2600  # x 4 tests: > 10^4
+FUZZ_EXAMPLES_SLOW = 2600  # x 5 tests: > 10^4
+# the profile-values test's fast tier runs this many times FUZZ_EXAMPLES: a random key of a profile is
+# seldom one the simulator reads, and its cases are cheap (a tiny profile, 20 requests)
+PROFILE_SCALE = 4
 
 
-def examples(request) -> settings:
-    n = FUZZ_EXAMPLES_SLOW if request.config.getoption("--runslow") else FUZZ_EXAMPLES
+def examples(request, scale: int = 1):
+    """The settings decorator of a fuzz test: FUZZ_EXAMPLES (x `scale`) cases, FUZZ_EXAMPLES_SLOW with
+    --runslow, PIPESIM_FUZZ_EXAMPLES by hand; the same cases every run unless PIPESIM_FUZZ_SEED."""
+    slow = request.config.getoption("--runslow")
+    n = FUZZ_EXAMPLES_SLOW if slow else FUZZ_EXAMPLES * scale
     n = int(os.environ.get("PIPESIM_FUZZ_EXAMPLES", n))  # (to hunt with more cases by hand)
     seed = os.environ.get("PIPESIM_FUZZ_SEED")  # unset: the same cases every run (derandomized)
-    return settings(max_examples=n, deadline=None, derandomize=seed is None, database=None,
-                    suppress_health_check=list(HealthCheck))
+    chosen = settings(max_examples=n, deadline=None, derandomize=seed is None, database=None,
+                      suppress_health_check=list(HealthCheck))
+    if seed is None:
+        return chosen
+    return lambda test: hypothesis.seed(int(seed))(chosen(test))  # (a failure found so is found again)
 
 
 HOSTILE = st.sampled_from([
@@ -67,15 +81,14 @@ def fuzz_settings(request):
     return examples(request)
 
 
-def _run_case(tmp: Path, argv: list[str], names: tuple[str, ...]) -> str:
+def _run_case(tmp: Path, argv: list[str], names: tuple[str, ...], sets: tuple[str, ...] = ()) -> str:
     out = tmp / "out"
     shutil.rmtree(out, ignore_errors=True)
     before = snapshot(tmp, skip=out)
-    repo_before = snapshot(REPO / "experiments" / "configs")
-    code, stdout, stderr = invoke([*argv, "--out", str(out)])
-    verdict = check(argv, code, stdout, stderr, run_dir=out if code != 2 else None, names=names)
+    with confined(tmp, label=f"ppsim {' '.join(argv)}"):  # (writes only under tmp, the project unchanged)
+        code, stdout, stderr = invoke([*argv, "--out", str(out)])
+    verdict = check(argv, code, stdout, stderr, run_dir=out if code != 2 else None, names=names, sets=sets)
     assert snapshot(tmp, skip=out) == before, f"ppsim {' '.join(argv)}: wrote or changed files outside --out"
-    assert snapshot(REPO / "experiments" / "configs") == repo_before
     return verdict
 
 
@@ -83,10 +96,15 @@ def test_fuzz_config_overrides(tmp_path, fuzz_settings):
     @fuzz_settings
     @given(st.lists(st.tuples(st.sampled_from(KEYS), VALUES), min_size=1, max_size=3), ENGINE_VALUES)
     def case(overrides, engine):
+        # a valid request count in the tens of thousands or more is no hostile input, only a long run
+        # (tens of CPU seconds per 10^5 requests): not drawn; past the memory limit it is refused at once
+        hypothesis.assume(not any(k == "workload.num_requests" and type(v) is int and 20_000 < v <= max_num_requests()
+                                  for k, v in overrides))
         argv = ["run", DEFAULT, *SMALL, "--set", f'scheduler.engine="{engine}"']
         for key, value in overrides:
             argv += ["--set", f"{key}={toml_value(value)}"]
-        _run_case(tmp_path, argv, names=tuple(k for k, _ in overrides) + ("--set",))
+        _run_case(tmp_path, argv, names=tuple(k for k, _ in overrides) + ("--set",),
+                  sets=tuple(k for k, _ in overrides) + ("scheduler.engine",))
 
     case()
 
@@ -107,7 +125,8 @@ def _trace_bytes(fmt: str, rows: list[dict]) -> bytes:
     return json.dumps([{"input_tokens": r["p"], "output_tokens": r["o"]} for r in rows], default=str).encode()
 
 
-DAMAGE = st.sampled_from(["none", "cut", "gzip", "latin1", "garbage", "empty", "bom", "nul"])
+DAMAGE = st.sampled_from(["none", "cut", "gzip", "gzip-damaged", "gzip-cut", "latin1", "garbage", "empty", "bom",
+                          "nul"])
 
 
 def _damage(data: bytes, how: str, cut_at: int) -> bytes:
@@ -115,6 +134,13 @@ def _damage(data: bytes, how: str, cut_at: int) -> bytes:
         return data[: max(1, cut_at % max(1, len(data)))]
     if how == "gzip":
         return gzip.compress(data)
+    if how in ("gzip-damaged", "gzip-cut"):  # a compressed file with a byte of its stream changed, or cut
+        z = bytearray(gzip.compress(data))
+        at = 10 + cut_at % max(1, len(z) - 18)
+        if how == "gzip-cut":
+            return bytes(z[:at])
+        z[at] ^= 0x5A
+        return bytes(z)
     if how == "latin1":
         return data.replace(b"0", b"\xe9", 1)
     if how == "garbage":
@@ -157,7 +183,8 @@ def test_fuzz_bench_logs(tmp_path, fuzz_settings):
         log.write_bytes(_damage((json.dumps(record, default=str) + "\n").encode(), damage, cut_at))
         before = snapshot(tmp_path)
         argv = ["validate", "--bench-log", str(log)]
-        code, out, err = invoke(argv)
+        with confined(tmp_path, label=f"ppsim {' '.join(argv)}"):
+            code, out, err = invoke(argv)
         check(argv, code, out, err, names=(str(log), "--bench-log"))
         assert snapshot(tmp_path) == before
 
@@ -198,9 +225,205 @@ def test_fuzz_run_folders(tmp_path, real_run, fuzz_settings):
         argv = ["report", str(folder)] if command == "report" else \
             ["compare", str(folder), str(real_run), "--out", str(tmp_path / "cmp")]
         shutil.rmtree(tmp_path / "cmp", ignore_errors=True)
-        code, out, err = invoke(argv)
+        with confined(tmp_path, label=f"ppsim {' '.join(argv)}"):  # (report writes report.md into the folder)
+            code, out, err = invoke(argv)
         check(argv, code, out, err, names=(str(folder),))
         after = snapshot(folder)
         assert {k: v for k, v in after.items() if k in existing} == existing, "a file that existed was changed"
 
     case()
+
+
+# ---------------------------------------------------------------- profile values
+
+PROFILES = {"tiny": REPO / "tests" / "data" / "tiny-profile",
+            "built": REPO / "profiles" / "built" / "a100-pcie-40gb" / "llama-3.1-8b" / "tp1"}
+PROFILE_FILES = ["meta.toml", "layer_nonattn.csv", "attention.csv"]
+# what a number in a profile's text may be replaced by: TOML's and CSV's hostile spellings, wrong
+# types, and (in meta.toml) text that is not TOML at all
+PROFILE_TOKENS = st.sampled_from([
+    "nan", "inf", "-inf", "+inf", "-1", "0", "-0.0", "1e308", "1e400", "1e-320", "1e300", "4e9", "2147483648",
+    "9223372036854775808", "18446744073709551616", "99999999999999999999999", "0.5", "3", "1_000", "0x10",
+    '"x"', '""', "x", "", "true", "[]", "[1, 2]", "{}", "{a = 1}", "1,2", '"', "NULL", "1e", "--1",
+])
+NUMBER = re.compile(r"(?<![\w.\"-])-?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?(?![\w.\"])")
+
+
+def _replace_number(text: str, which: int, token: str) -> str:
+    """`text` with its `which`-th number (mod their count) replaced by `token`."""
+    spots = list(NUMBER.finditer(text))
+    if not spots:
+        return text
+    m = spots[which % len(spots)]
+    return text[: m.start()] + token + text[m.end():]
+
+
+# (the sharpest first: a random key of a built profile's meta.toml is seldom one the simulator reads)
+META_VALUES = st.one_of(st.sampled_from([math.nan, math.inf, -math.inf, 1e300, -1, 0, "x", [], {}]), HOSTILE, NUMBERS,
+                        st.just("ms"))
+
+
+def _set_meta_value(folder: Path, which: int, value) -> None:
+    """meta.toml with one of its values or sections (`which` >= 0: any; < 0: one the simulator reads)
+    set to `value` (any type) or removed (value None), written back as TOML."""
+    import tomllib
+
+    import tomli_w
+
+    path = folder / "meta.toml"
+    meta = tomllib.loads(path.read_text())
+    leaves = []
+
+    def walk(node, trail):
+        for k, v in (node.items() if isinstance(node, dict) else enumerate(node)):
+            if isinstance(v, (dict, list)) and v and not (isinstance(v, list) and isinstance(v[0], dict)):
+                walk(v, trail + [k])
+            elif not isinstance(v, str):
+                leaves.append(trail + [k])
+    walk(meta, [])
+    keys = leaves + [[sec] for sec in meta]  # also whole sections: removed or replaced
+    if which < 0:  # the numbers and tables the simulator reads (most of a built profile's are notes)
+        from sim.latency.profiled import META_RANGES
+
+        keys = [[sec, key] for sec, table in META_RANGES.items() if isinstance(meta.get(sec), dict)
+                for key in table if key in meta[sec]] + [[sec] for sec in meta]
+        if isinstance(meta.get("profile"), dict):
+            keys += [["profile", k] for k in ("units", "sources", "tp") if k in meta["profile"]]
+    if not keys:
+        return
+    trail = keys[which % len(keys)]
+    node = meta
+    for k in trail[:-1]:
+        node = node[k]
+    if value is None:
+        del node[trail[-1]]
+    elif isinstance(node, list) and isinstance(value, (dict, list)):
+        node[trail[-1]] = 1e300  # (a TOML array holds no tables beside numbers)
+    else:
+        node[trail[-1]] = value
+    try:
+        path.write_text(tomli_w.dumps(meta))
+    except (TypeError, ValueError):  # not writable as TOML (e.g. a mixed array): the number instead
+        path.write_text(_replace_number(path.read_text(), which, "1e300"))
+
+
+PROFILE_DAMAGE = st.one_of(
+    st.tuples(st.just("number"), st.sampled_from(PROFILE_FILES), st.integers(0, 10_000), PROFILE_TOKENS),
+    st.tuples(st.just("meta-value"), st.just("meta.toml"), st.integers(-10_000, 10_000),
+              st.one_of(META_VALUES, st.none())),
+    st.tuples(st.just("file"), st.sampled_from(PROFILE_FILES), st.integers(0, 10_000),
+              st.sampled_from(["cut", "gzip", "latin1", "garbage", "empty", "bom", "nul", "delete", "foreign"])),
+)
+
+
+def _damage_profile(folder: Path, damages) -> None:
+    for how, name, which, what in damages:
+        f = folder / name
+        if not f.exists():
+            continue
+        if how == "number":
+            f.write_bytes(_replace_number(f.read_bytes().decode("utf-8", "surrogateescape"), which, what)
+                          .encode("utf-8", "surrogateescape"))
+        elif how == "meta-value":
+            try:
+                _set_meta_value(folder, which, what)
+            except (ValueError, UnicodeDecodeError):  # an earlier damage made it unreadable: left so
+                pass
+        elif what == "delete":
+            f.unlink()
+        elif what == "foreign":
+            f.write_text("a,b,c\n1,2,3\n")
+        else:
+            f.write_bytes(_damage(f.read_bytes(), what, which))
+
+
+def test_fuzz_profile_values(tmp_path, request):
+    @examples(request, scale=PROFILE_SCALE)
+    @given(st.sampled_from(sorted(PROFILES)), st.lists(PROFILE_DAMAGE, min_size=1, max_size=3),
+           st.sampled_from(["run", "check"]))
+    def case(kind, damages, command):
+        folder = tmp_path / "prof"
+        shutil.rmtree(folder, ignore_errors=True)
+        shutil.copytree(PROFILES[kind], folder)
+        _damage_profile(folder, damages)
+        existing = snapshot(folder)
+        if command == "run":
+            argv = ["run", DEFAULT, "--set", f'latency.profile="{folder}"', "--set", "parallel.pp=1",
+                    "--set", "workload.num_requests=20", "--no-iterations"]
+            # (a profile whose memory cannot hold the model is refused by the engine, naming the config's
+            # mem_fraction and the deployment, not the profile: sim/engine/run.py)
+            _run_case(tmp_path, argv, names=(str(folder), "the model does not fit in GPU memory"))
+        else:
+            argv = ["profile", "check", str(folder)]
+            with confined(tmp_path, label=f"ppsim {' '.join(argv)}"):
+                code, out, err = invoke(argv)
+            check(argv, code, out, err, names=(str(folder),))
+        assert snapshot(folder) == existing, "a file of the profile was changed"
+
+    case()
+
+
+SHARP = [math.nan, math.inf, -math.inf, 1e300, -1e300, 1e-300, -1, 0, 2**64, "x", [], {}, True]
+
+
+def test_every_profile_number_the_simulator_reads_at_every_sharp_value(tmp_path):
+    """Not at random: each key of META_RANGES (and each section) of the tiny profile set to each of
+    SHARP (or removed), run with it: a random key of a profile is seldom one the simulator reads."""
+    import tomllib
+
+    import tomli_w
+
+    from sim.latency.profiled import META_RANGES
+
+    base = tomllib.loads((PROFILES["tiny"] / "meta.toml").read_text())
+    spots = [(sec, key) for sec, keys in META_RANGES.items() for key in keys] + [(sec, None) for sec in base]
+    folder, n = tmp_path / "prof", 0
+    for sec, key in spots:
+        for value in [*SHARP, None]:
+            meta = json.loads(json.dumps(base))  # (a deep copy)
+            if key is None:
+                if value is None:
+                    del meta[sec]
+                else:
+                    meta[sec] = value
+            else:
+                table = meta.setdefault(sec, {})
+                if value is None:
+                    table.pop(key, None)
+                else:
+                    table[key] = value
+            shutil.rmtree(folder, ignore_errors=True)
+            shutil.copytree(PROFILES["tiny"], folder)
+            (folder / "meta.toml").write_text(tomli_w.dumps(meta))
+            argv = ["run", DEFAULT, "--set", f'latency.profile="{folder}"', "--set", "parallel.pp=1",
+                    "--set", "workload.num_requests=20", "--no-iterations"]
+            _run_case(tmp_path, argv, names=(str(folder), "the model does not fit in GPU memory"))
+            n += 1
+    assert n > 500
+
+def test_the_harness_sees_a_write_outside_the_case_and_a_change_to_the_tree(tmp_path, monkeypatch):
+    import tests.fuzzing
+
+    monkeypatch.setattr(tests.fuzzing, "SHARED_TREE", False)
+    case, elsewhere, tree = tmp_path / "case", tmp_path / "elsewhere", tmp_path / "tree"
+    for d in (case, elsewhere, tree):
+        d.mkdir()
+    (tree / "kept.txt").write_text("x")
+    with confined(case, tree=tree):
+        (case / "out.txt").write_text("fine")
+    with pytest.raises(AssertionError, match="wrote outside"):
+        with confined(case, tree=tree):
+            (elsewhere / "stray.txt").write_text("no")
+    with pytest.raises(AssertionError, match="wrote outside"):
+        with confined(case, tree=tree):
+            os.replace(elsewhere / "stray.txt", elsewhere / "moved.txt")
+    with pytest.raises(AssertionError, match="wrote outside"):
+        with confined(case, tree=tree):
+            os.utime(tree / "kept.txt", ns=(1, 1))
+    with pytest.raises(AssertionError, match="changed the project's tree"):
+        with confined(case, tree=tree):  # a change no Python call made (C code, a child process)
+            subprocess.run(["touch", "-d", "2001-01-01", str(tree / "kept.txt")], check=True)
+    code, out, err = 2, "", "ppsim: error: --set parallel.pp=0: pp must be >= 1\n"
+    check(["run"], code, out, err, sets=("parallel.pp",))
+    with pytest.raises(AssertionError, match="blames no --set"):
+        check(["run"], code, out, "ppsim: error: config [parallel]: pp must be >= 1\n", sets=("parallel.pp",))

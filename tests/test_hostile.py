@@ -7,6 +7,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -181,6 +182,49 @@ def test_workload_stats_with_a_negative_seed_and_a_million_replicas(tmp_path):
     t0 = time.time()
     code, _, err = invoke(["run", DEFAULT, "--set", "parallel.replicas=1000000", "--out", str(tmp_path / "o")])
     assert code == 2 and "replicas" in one_line(err) and time.time() - t0 < 10
+
+
+TINY = REPO / "tests" / "data" / "tiny-profile"
+
+
+@pytest.mark.parametrize("file, old, new, needle", [
+    ("meta.toml", "[profile]\n", "profile = \"ms\"\n[old_profile]\n", "[profile] must be a table"),  # a crash in the header
+    ("meta.toml", "sources = []", "sources = 3.5", "'sources' must be a list of strings"),
+    ("meta.toml", "m_init_gib = 0.5", "m_init_gib = 1e300", "'m_init_gib' must be a finite number in (0, 1e+06]"),
+    ("layer_nonattn.csv", "2048,12.0", "2048,1e300", "'layer_nonattn_ms' must hold positive numbers"),
+    ("attention.csv", "1e-5", "x", "'b_ctx' must hold non-negative numbers"),
+])
+def test_profile_values_out_of_range_or_of_the_wrong_type_are_one_line_errors(tmp_path, file, old, new, needle):
+    prof = tmp_path / "prof"
+    shutil.copytree(TINY, prof)
+    text = (prof / file).read_text()
+    assert old in text
+    (prof / file).write_text(text.replace(old, new))
+    for argv in (["run", DEFAULT, "--set", f'latency.profile="{prof}"', "--set", "parallel.pp=1", *SMALL,
+                  "--out", str(tmp_path / "o")], ["profile", "check", str(prof)]):
+        code, _, err = invoke(argv)
+        assert code == 2 and needle in one_line(err) and str(prof / file) in err, err
+    assert not (tmp_path / "o").exists()
+
+
+def test_a_damaged_gzip_file_is_a_one_line_error(tmp_path):
+    data = bytearray(gzip.compress(b'{"timestamp": 0, "input_length": 5, "output_length": 3}\n' * 50))
+    data[10] ^= 0x5A  # (the deflate stream's first byte: zlib's own error, not the CRC check's)
+    trace = tmp_path / "t.jsonl"
+    trace.write_bytes(bytes(data))
+    code, _, err = invoke(["run", DEFAULT, "--trace", str(trace), "--out", str(tmp_path / "o")])
+    assert code == 2 and f"{trace}: a damaged or cut gzip file" in one_line(err)
+
+
+def test_a_rate_so_low_the_clock_would_lose_it_is_refused():
+    for rate in ("2.2250738585e-313", "1e-300"):  # 1 / rate: inf, and arrivals past 1e300 s
+        code, _, err = invoke(["run", DEFAULT, *SMALL, "--set", f"workload.rate_rps={rate}", "--out", "/nonexistent/x"])
+        assert code == 2 and one_line(err).startswith(f"ppsim: error: --set workload.rate_rps={rate}: ")
+
+
+def test_a_control_character_in_a_set_value_keeps_the_error_on_one_line():
+    code, _, err = invoke(["run", DEFAULT, *SMALL, "--set", 'latency.profile="\r"', "--out", "/nonexistent/x"])
+    assert code == 2 and one_line(err).startswith("ppsim: error: --set latency.profile=")
 
 
 # ---------------------------------------------------------------- silently wrong

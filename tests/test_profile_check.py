@@ -268,14 +268,14 @@ def test_every_model_has_a_cited_context_length():
     ("scaling", "s_mem", "nan", "[scaling]: key 's_mem' must be a finite number"),
     ("scaling", "s_comp", "1e300", "[scaling]: key 's_comp' must be a finite number in [0.1, 10]"),
     ("overhead", "cpu_ms", "inf", "[overhead]: key 'cpu_ms' must be a finite number"),
-    ("overhead", "lm_head_ms", "-1.0", "[overhead]: key 'lm_head_ms' must be a finite number >= 0"),
+    ("overhead", "lm_head_ms", "-1.0", "[overhead]: key 'lm_head_ms' must be a finite number in [0, 1e+06]"),
     ("ground_truth", "jitter_cv", "nan", "[ground_truth]: key 'jitter_cv' must be a finite number"),
     ("ground_truth", "slow_prob", "1.5", "[ground_truth]: key 'slow_prob' must be a finite number in [0, 1]"),
-    ("model", "num_layers", "0", "[model]: key 'num_layers' must be an integer >= 1"),
-    ("model", "head_dim", "12.5", "[model]: key 'head_dim' must be an integer >= 1"),
+    ("model", "num_layers", "0", "[model]: key 'num_layers' must be an integer in [1, 1000]"),
+    ("model", "head_dim", "12.5", "[model]: key 'head_dim' must be an integer in [1, 1000000]"),
     ("comm", "allreduce_busbw_gbps", "500.0", "[comm]: key 'allreduce_busbw_gbps' must be in (0, 32]"),
     ("roofline", "hbm_bw_gbps", "nan", "[roofline]: key 'hbm_bw_gbps' must be a finite number"),
-    ("memory", "m_init_gib", "0.0", "[memory]: key 'm_init_gib' must be a finite number > 0"),
+    ("memory", "m_init_gib", "0.0", "[memory]: key 'm_init_gib' must be a finite number in (0, 1e+06]"),
     ("fit_errors", "made_up", "nan", "[fit_errors]: key 'made_up' must be a finite number"),
 ])
 def test_meta_values_are_finite_and_in_range(tmp_path, section, key, value, message):

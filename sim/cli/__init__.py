@@ -44,7 +44,9 @@ def _one_line(exc: BaseException) -> str:
     # Ray re-raises a worker's error as RayTaskError(OriginalType), whose text is a traceback.
     cause = getattr(exc, "cause", None)
     text = str(cause if isinstance(cause, PipeSimError) else exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
+    # the first line at a newline only: a carriage return or form feed inside a value the message
+    # quotes (e.g. --set latency.profile="\r") is not a line break (the caller folds all whitespace)
+    return text.split("\n")[0] if text else type(exc).__name__
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -169,8 +171,8 @@ def _dispatch(parser, args, guard: PipeGuard) -> int:
     except OSError as exc:
         if exc.filename is None or os.environ.get("PPSIM_DEBUG"):
             return _internal_error(exc)
-        print(f"ppsim: error: {_flag_of(args, str(exc.filename))}{exc.filename}: {exc.strerror or exc}",
-              file=sys.stderr)
+        msg = f"{_flag_of(args, str(exc.filename))}{exc.filename}: {exc.strerror or exc}"
+        print(f"ppsim: error: {' '.join(msg.split())}", file=sys.stderr)
         return 2
     except Exception as exc:  # noqa: BLE001 - a bug: one line, exit 1
         return _internal_error(exc)

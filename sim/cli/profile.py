@@ -154,6 +154,7 @@ def plot_profile(profile: str | Path, out: str | Path, pp: int = 4, max_tokens: 
     import matplotlib.pyplot as plt
     import numpy as np
 
+    from sim.core import fsio
     from sim.latency.analysis import load_model, split_ms
     from sim.latency.base import BatchStats
 
@@ -180,7 +181,7 @@ def plot_profile(profile: str | Path, out: str | Path, pp: int = 4, max_tokens: 
     ax.legend()
     fig.tight_layout()
     files.append(out / f"{name}-stage.png")
-    fig.savefig(files[-1], dpi=120)
+    fsio.save_figure(fig, files[-1], dpi=120)
     plt.close(fig)
 
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 4))
@@ -199,7 +200,7 @@ def plot_profile(profile: str | Path, out: str | Path, pp: int = 4, max_tokens: 
     fig.suptitle("attention model")
     fig.tight_layout()
     files.append(out / f"{name}-attention.png")
-    fig.savefig(files[-1], dpi=120)
+    fsio.save_figure(fig, files[-1], dpi=120)
     plt.close(fig)
 
     fig, ax = plt.subplots(figsize=(7, 4))
@@ -215,23 +216,26 @@ def plot_profile(profile: str | Path, out: str | Path, pp: int = 4, max_tokens: 
     ax.legend()
     fig.tight_layout()
     files.append(out / f"{name}-comm.png")
-    fig.savefig(files[-1], dpi=120)
+    fsio.save_figure(fig, files[-1], dpi=120)
     plt.close(fig)
     return files
 
 
 # Profiles PipeSim writes (`profile build`, `import-vidur`, `collect`): `--force` may replace them.
-# Any other profile (the hand-calibrated ones it ships) is never replaced.
+# Any other profile (the hand-calibrated ones it ships) is never replaced. The first word of
+# `[profile] source` counts ("imported (ppsim profile import-vidur)" is "imported").
 WRITABLE_SOURCES = ("built", "imported", "collected")
 
 
 def profile_out(out: str, force: bool, flag: str = "--out") -> str:
     """A profile folder a command may write: new or empty, or (with `force`) one holding a
-    profile PipeSim built, imported or collected; never the project's root, a folder of other
-    files or a calibrated profile PipeSim ships."""
+    profile PipeSim built, imported or collected and nothing else; never the project's root, a
+    folder of other files or a calibrated profile PipeSim ships. The writers replace the folder
+    whole, after success (sim.profiling.profile_io.write_profile, sim.profiling.build)."""
     from sim.core import fsio
     from sim.core.errors import ConfigError
     from sim.core.tomlio import read_toml
+    from sim.studies.inputs import PROFILE_FILES
 
     path = Path(out)
     if path.exists() and not path.is_dir():
@@ -244,11 +248,18 @@ def profile_out(out: str, force: bool, flag: str = "--out") -> str:
         if not meta.is_file():
             raise ConfigError(f"{flag} {out}: a folder of other files (no meta.toml); allowed: a new or empty folder")
         source = str(read_toml(meta, ConfigError).get("profile", {}).get("source", ""))
-        if source not in WRITABLE_SOURCES:
+        if source.split(" ", 1)[0] not in WRITABLE_SOURCES:
             raise ConfigError(f"{flag} {out}: holds a profile PipeSim did not build (source {source!r}, e.g. a "
                               f"calibrated one it ships); allowed: a new or empty folder")
+        # The new profile replaces the folder whole: other files in it would be lost, so refuse.
+        foreign = sorted(p.name for p in path.iterdir() if p.name not in PROFILE_FILES)
+        if foreign:
+            raise ConfigError(f"{flag} {out}: holds files that are not a profile's ({', '.join(foreign[:3])}"
+                              f"{', ...' if len(foreign) > 3 else ''}); allowed: a new or empty folder, or one "
+                              f"holding only a profile PipeSim wrote (with --force)")
+        source = source.split(" ", 1)[0]
         if not force:
-            raise ConfigError(f"{flag} {out}: holds a {source} profile; add --force to replace it, or choose a new folder")
+            raise ConfigError(f"{flag} {out}: holds a profile PipeSim {source}; add --force to replace it, or choose a new folder")
     return out
 
 

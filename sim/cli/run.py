@@ -131,9 +131,10 @@ def _simulate_into(out: Path, cfg, args, window) -> tuple[int, dict]:
     from sim.engine.run import run
     from sim.outputs.context import describe, format_header
     from sim.outputs.metrics import iterations_frame, requests_frame, summarize
-    from sim.workloads import build_workload
+    from sim.workloads import build_workload_said
 
-    requests = build_workload(cfg.workload, seed=cfg.seed)
+    # `changed`: what the workload's reader skipped or dropped of its file (rows, conversations)
+    requests, changed = build_workload_said(cfg.workload, seed=cfg.seed)
     context = describe(cfg, requests)
     if not args.json:
         print(format_header(context), flush=True)
@@ -149,7 +150,7 @@ def _simulate_into(out: Path, cfg, args, window) -> tuple[int, dict]:
     gc.collect()
     summary = summarize(result)
     summary["context"] = context
-    warnings = run_warnings(summary)
+    warnings = changed + run_warnings(summary)
     from sim.outputs.csvout import write_csv
 
     if args.format == "parquet":
@@ -162,10 +163,10 @@ def _simulate_into(out: Path, cfg, args, window) -> tuple[int, dict]:
     fsio.write_text(out / "config.toml", tomlio.dumps(cfg.to_dict()))
     import pandas as pd
 
-    pd.DataFrame(result.decisions, columns=["time_s", "slot", "old_chunk", "new_chunk", "reason"]).to_csv(
-        out / "decisions.csv", index=False)
-    pd.DataFrame(result.moves, columns=["time_s", "slot", "req_id", "action", "where"]).to_csv(
-        out / "moves.csv", index=False)
+    fsio.write_frame(pd.DataFrame(result.decisions, columns=["time_s", "slot", "old_chunk", "new_chunk", "reason"]),
+                     out / "decisions.csv", index=False)
+    fsio.write_frame(pd.DataFrame(result.moves, columns=["time_s", "slot", "req_id", "action", "where"]),
+                     out / "moves.csv", index=False)
     if args.timeline:
         from sim.outputs.timeline import iterations_in, write_timeline
 

@@ -10,7 +10,9 @@
   its ancestors, the home folder and `/` are refused (`--force` never clears those).
 - **Runs replaced only after success.** `ppsim run --force` writes the new run into a staging
   sibling and swaps it in once every file is written (`Staged`); a refused or failed new run
-  leaves the old one as it was.
+  leaves the old one as it was. Profile folders (`ppsim profile build/import-vidur/collect`) are
+  staged the same way (`StagedFolder`, without the run checks: sim/cli/profile.py decides what
+  may be replaced, from meta.toml, and profiles carry no marker so their format is unchanged).
 
 Run folders written before the marker existed (holding only a run's files) count as `run`.
 """
@@ -151,13 +153,48 @@ def check_new_file(path: str | Path, force: bool, flag: str, owner_kinds: tuple[
     return path
 
 
-class Staged:
+class StagedFolder:
+    """A folder written beside its destination `out` and swapped in whole once complete.
+
+    No checks: the caller has decided that `out` may be replaced. `.path` is the staging folder
+    to write into, `.commit()` swaps it in (removing the old folder only then), `.discard()`
+    removes it. As a context manager it discards on an exception (or Ctrl-C) and leaves the
+    commit to the caller, so a failed write leaves `out` as it was, or absent."""
+
+    def __init__(self, out: str | Path, flag: str = "--out") -> None:
+        self.out = Path(out)
+        _mkdir(self.out.parent, flag, self.out)
+        self.path = _tmp_sibling(self.out, "partial")
+        shutil.rmtree(self.path, ignore_errors=True)
+        self.path.mkdir()
+
+    def commit(self) -> Path:
+        old = None
+        if self.out.exists():
+            old = _tmp_sibling(self.out, "old")
+            shutil.rmtree(old, ignore_errors=True)
+            os.replace(self.out, old)
+        os.replace(self.path, self.out)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+        return self.out
+
+    def discard(self) -> None:
+        shutil.rmtree(self.path, ignore_errors=True)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is not None:
+            self.discard()
+
+
+class Staged(StagedFolder):
     """A run folder written beside its destination and swapped in once complete.
 
     `Staged(out, force)` refuses at once what cannot be replaced (see `claim`; an existing run
-    needs `force`), `.path` is the staging folder to write into, `.commit()` swaps it in
-    (removing the old run only then), `.discard()` removes it. As a context manager it
-    discards on an exception and leaves the commit to the caller."""
+    needs `force`), then stages as `StagedFolder` does, the staging folder marked `kind`."""
 
     def __init__(self, out: str | Path, force: bool, kind: str = "run", flag: str = "--out") -> None:
         self.out = Path(out)
@@ -182,32 +219,8 @@ class Staged:
                     raise ConfigError(f"{flag} {self.out}: holds another run ({', '.join(shown[:3])}"
                                       f"{', ...' if len(shown) > 3 else ''}); add --force to replace it, or choose "
                                       f"a new folder")
-        _mkdir(self.out.parent, flag, self.out)
-        self.path = _tmp_sibling(self.out, "partial")
-        shutil.rmtree(self.path, ignore_errors=True)
-        self.path.mkdir()
+        super().__init__(self.out, flag)
         mark(self.path, kind)
-
-    def commit(self) -> Path:
-        old = None
-        if self.out.exists():
-            old = _tmp_sibling(self.out, "old")
-            shutil.rmtree(old, ignore_errors=True)
-            os.replace(self.out, old)
-        os.replace(self.path, self.out)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
-        return self.out
-
-    def discard(self) -> None:
-        shutil.rmtree(self.path, ignore_errors=True)
-
-    def __enter__(self) -> "Staged":
-        return self
-
-    def __exit__(self, exc_type, exc, tb) -> None:
-        if exc_type is not None:
-            self.discard()
 
 
 def save_figure(fig, path: str | Path, **kwargs) -> None:

@@ -13,6 +13,7 @@ import bz2
 import gzip
 import io
 import lzma
+import zlib
 from pathlib import Path
 
 from sim.core.errors import DataError, PipeSimError
@@ -44,7 +45,7 @@ def read_bytes(path: str | Path, error: type[PipeSimError] = DataError) -> bytes
     opener = {"gzip": gzip.decompress, "bzip2": bz2.decompress, "xz": lzma.decompress}[kind]
     try:
         return opener(raw)
-    except (OSError, EOFError, lzma.LZMAError, ValueError) as exc:
+    except (OSError, EOFError, lzma.LZMAError, ValueError, zlib.error) as exc:  # (zlib.error: a damaged gzip stream)
         raise error(f"{path}: a damaged or cut {kind} file ({' '.join(str(exc).split()) or type(exc).__name__})") from None
 
 

@@ -113,31 +113,38 @@ GROUND_TRUTH_KEYS = {
 
 
 # Allowed values of every number of meta.toml the simulator reads: (low, high, low excluded, integer);
-# high None = no upper bound. Every other number in meta.toml must be finite.
-_COUNT = (1, None, False, True)
-_POS = (0.0, None, True, False)
-_NONNEG = (0.0, None, False, False)
+# high None = no upper bound. Every other number in meta.toml must be finite. The upper bounds are far
+# beyond any machine or model (a 1000-layer model, a 1000 s operation, 1 MB/s links) and keep every
+# simulated time finite and well inside the clock's resolution: a value past them is a damaged file.
+_COUNT = (1, 2**31 - 1, False, True)
+_SIZE = (1, 10**6, False, True)       # hidden size, heads, head dim (the largest models: 16384, 128, 256)
+_PARAMS = (0.0, 1e13, True, False)    # parameters of one layer or of the embedding (a 405B layer: 3.2e9)
+_MS = (0.0, 1e6, False, False)        # milliseconds: at most 1000 s
+_US = (0.0, 1e9, False, False)        # microseconds: at most 1000 s
+_GBPS = (1e-3, 1e9, False, False)     # GB/s: 1 MB/s to 1 EB/s
 _FRAC = (0.0, 1.0, False, False)
 # s_mem / s_comp scale the measured tables to a sibling SKU (the A100 80GB -> 40GB PCIe factors are
 # 1.03-1.31, profiles/README.md); a factor of more than 10 either way is another machine, not a scaling
 _SCALE = (0.1, 10.0, False, False)
+# the largest value of a profile table's cell (ms; attention: ms, ms per token, ms per token^2)
+TABLE_MAX = {"ms": 1e6, "a_ms": 1e6, "b_c": 1e3, "b_c2": 1.0, "b_cp": 1.0, "b_ctx": 1e3}
 META_RANGES: dict[str, dict[str, tuple]] = {
     "profile": {"tp": _COUNT},
-    "model": {"num_layers": _COUNT, "hidden_size": _COUNT, "num_q_heads": _COUNT, "num_kv_heads": _COUNT,
-              "head_dim": _COUNT, "vocab_size": _COUNT, "layer_params": _POS, "embedding_params": _POS,
-              "dtype_bytes": (1, 4, False, True), "intermediate_size": (0, None, False, True),
+    "model": {"num_layers": (1, 1000, False, True), "hidden_size": _SIZE, "num_q_heads": _SIZE,
+              "num_kv_heads": _SIZE, "head_dim": _SIZE, "vocab_size": (1, 10**7, False, True),
+              "layer_params": _PARAMS, "embedding_params": _PARAMS,
+              "dtype_bytes": (1, 4, False, True), "intermediate_size": (0, 2**31 - 1, False, True),
               "context_length_tokens": _COUNT},
     "scaling": {"s_mem": _SCALE, "s_comp": _SCALE, "mem_bound_tokens": _COUNT, "comp_bound_tokens": _COUNT},
-    "overhead": {"cpu_ms": _NONNEG, "lm_head_ms": _NONNEG, "embedding_ms": _NONNEG, "sample_ms": _NONNEG,
-                 "broadcast_us": _NONNEG},
-    "comm": {"p2p_alpha_us": _NONNEG, "p2p_bw_gbps": _POS, "activation_bytes_per_token": _POS,
-             "allreduce_alpha_us": _NONNEG, "allreduce_busbw_gbps": _POS},
-    "memory": {"gpu_mem_gib": _POS, "m_init_gib": _POS},
-    "ground_truth": {"decode_wave_fraction": _FRAC, "sm_count": (1.0, None, False, False),
-                     "cpu_per_request_us": _NONNEG, "jitter_cv": _NONNEG, "stall_prob": _FRAC,
-                     "stall_mean_ms": _NONNEG, "slow_prob": _FRAC, "slow_mean": _NONNEG},
-    "roofline": {"bf16_tflops": _POS, "hbm_bw_gbps": _POS, "link_bw_gbps": _POS, "base_bf16_tflops": _POS,
-                 "base_hbm_bw_gbps": _POS},
+    "overhead": {"cpu_ms": _MS, "lm_head_ms": _MS, "embedding_ms": _MS, "sample_ms": _MS, "broadcast_us": _US},
+    "comm": {"p2p_alpha_us": _US, "p2p_bw_gbps": _GBPS, "activation_bytes_per_token": (0.0, 1e8, True, False),
+             "allreduce_alpha_us": _US, "allreduce_busbw_gbps": _GBPS},
+    "memory": {"gpu_mem_gib": (0.0, 1e6, True, False), "m_init_gib": (0.0, 1e6, True, False)},
+    "ground_truth": {"decode_wave_fraction": _FRAC, "sm_count": (1.0, 1e6, False, False),
+                     "cpu_per_request_us": _US, "jitter_cv": (0.0, 10.0, False, False), "stall_prob": _FRAC,
+                     "stall_mean_ms": _MS, "slow_prob": _FRAC, "slow_mean": (0.0, 100.0, False, False)},
+    "roofline": {"bf16_tflops": _GBPS, "hbm_bw_gbps": _GBPS, "link_bw_gbps": _GBPS, "base_bf16_tflops": _GBPS,
+                 "base_hbm_bw_gbps": _GBPS},
 }
 # [measured]: the ranges the tables and fits cover, each [low, high] (profiles/FORMAT.md)
 MEASURED_KEYS = ("tokens", "prefill_chunk", "prefill_context", "decode_batch", "decode_context", "comm_bytes")
@@ -147,7 +154,7 @@ def range_text(lo, hi, lo_open: bool, integer: bool) -> str:
     kind = "an integer" if integer else "a finite number"
     if hi is None:
         return f"{kind} {'>' if lo_open else '>='} {lo:g}"
-    return f"{kind} in {'(' if lo_open else '['}{lo:g}, {hi:g}]"
+    return f"{kind} in {'(' if lo_open else '['}{lo:g}, {hi if isinstance(hi, int) else format(hi, 'g')}]"
 
 
 def check_number(val, rng: tuple, where: str, key: str):
@@ -174,9 +181,37 @@ def _walk_numbers(node, path: str):
         yield path, node
 
 
+# the sections of meta.toml every profile has (profiles/FORMAT.md)
+META_SECTIONS = ("profile", "model", "lookup", "scaling", "overhead", "comm", "memory")
+
+
+def read_meta(folder: Path) -> dict:
+    """A profile folder's meta.toml, read and checked (`validate_meta`): a one-line DataError naming it."""
+    meta_path = Path(folder) / "meta.toml"
+    meta = read_toml(meta_path, DataError, "not a profile directory (meta.toml missing)")
+    for section in META_SECTIONS:
+        if section not in meta:
+            raise DataError(f"{meta_path}: missing section [{section}]")
+    validate_meta(meta, meta_path)
+    return meta
+
+
 def validate_meta(meta: dict, meta_path: Path) -> None:
-    """Every number of meta.toml finite, every number the simulator reads in its range (META_RANGES),
-    communication bandwidths within the link's, the [measured] ranges ordered; one-line DataError."""
+    """Every section a table, every number of meta.toml finite, every number the simulator reads in
+    its range (META_RANGES), communication bandwidths within the link's, the [measured] ranges
+    ordered; one-line DataError."""
+    for sec in (*META_SECTIONS, *META_RANGES, "measured"):
+        if sec in meta and not isinstance(meta[sec], dict):
+            raise DataError(f"{meta_path}: [{sec}] must be a table, got {meta[sec]!r:.40}")
+    fits = meta.get("fit", [])
+    if not (isinstance(fits, list) and all(isinstance(f, dict) for f in fits)):
+        raise DataError(f"{meta_path}: [[fit]] must be an array of tables, got {fits!r:.40}")
+    units = meta.get("profile", {}).get("units", {})
+    if not isinstance(units, dict):
+        raise DataError(f"{meta_path} [profile]: key 'units' must be a table, got {units!r:.40}")
+    sources = meta.get("profile", {}).get("sources", [])
+    if not (isinstance(sources, list) and all(isinstance(x, str) for x in sources)):
+        raise DataError(f"{meta_path} [profile]: key 'sources' must be a list of strings, got {sources!r:.40}")
     for path, val in _walk_numbers(meta, ""):
         if not math.isfinite(val):
             sec, _, key = path.partition(".")
@@ -277,11 +312,7 @@ class Profile:
     def load(cls, path: str | Path) -> "Profile":
         path = Path(path)
         meta_path = path / "meta.toml"
-        meta = read_toml(meta_path, DataError, "not a profile directory (meta.toml missing)")
-        for section in ("profile", "model", "lookup", "scaling", "overhead", "comm", "memory"):
-            if section not in meta:
-                raise DataError(f"{meta_path}: missing section [{section}]")
-        validate_meta(meta, meta_path)
+        meta = read_meta(path)
         units = meta["profile"].get("units", {})
         if units.get("time", "ms") != "ms":
             raise DataError(f"{meta_path}: [profile] units.time must be 'ms', got {units.get('time')!r}")
@@ -292,21 +323,25 @@ class Profile:
             raise DataError(f"{lay_path}: column 'num_tokens' must hold integers >= 1")
         if np.any(np.diff(grid) <= 0):
             raise DataError(f"{lay_path}: column 'num_tokens' must be strictly increasing (sorted, unique)")
+        top = TABLE_MAX["ms"]
         ms = pd.to_numeric(lay["layer_nonattn_ms"], errors="coerce").to_numpy(dtype=float)
-        if np.any(~np.isfinite(ms)) or np.any(ms <= 0):
-            raise DataError(f"{lay_path}: column 'layer_nonattn_ms' must hold positive numbers (finite, ms)")
+        if np.any(~np.isfinite(ms)) or np.any(ms <= 0) or np.any(ms > top):
+            raise DataError(f"{lay_path}: column 'layer_nonattn_ms' must hold positive numbers (finite, ms) "
+                            f"up to {top:g}")
         for col in lay.columns:
             if col in ("num_tokens", "layer_nonattn_ms"):
                 continue
             vals = pd.to_numeric(lay[col], errors="coerce").to_numpy(dtype=float)
-            if np.any(~np.isfinite(vals)) or np.any(vals < 0):
-                raise DataError(f"{lay_path}: column {col!r} must hold non-negative numbers (finite, ms)")
+            if np.any(~np.isfinite(vals)) or np.any(vals < 0) or np.any(vals > top):
+                raise DataError(f"{lay_path}: column {col!r} must hold non-negative numbers (finite, ms) up to {top:g}")
         att_path = path / "attention.csv"
-        att = read_csv_table(att_path, ["component", "a_ms", "b_c", "b_c2", "b_cp", "b_ctx"]).fillna(0.0)
+        att = read_csv_table(att_path, ["component", "a_ms", "b_c", "b_c2", "b_cp", "b_ctx"])
         for col in ("a_ms", "b_c", "b_c2", "b_cp", "b_ctx"):
-            vals = pd.to_numeric(att[col], errors="coerce")
-            if vals.isna().any() or (vals < 0).any() or not np.all(np.isfinite(vals)):
-                raise DataError(f"{att_path}: column {col!r} must hold non-negative numbers (finite; ms, per token)")
+            # an empty cell is 0; text that is no number is refused (NaN below)
+            vals = pd.to_numeric(att[col], errors="coerce").where(att[col].notna(), 0.0)
+            if vals.isna().any() or (vals < 0).any() or not np.all(np.isfinite(vals)) or (vals > TABLE_MAX[col]).any():
+                raise DataError(f"{att_path}: column {col!r} must hold non-negative numbers (finite; ms, per token) "
+                                f"up to {TABLE_MAX[col]:g}")
             att[col] = vals
         attention = {}
         for comp in ("prefill", "decode"):
@@ -397,8 +432,8 @@ def load_comm_table(path: Path) -> pd.DataFrame:
         if not np.issubdtype(df[col].dtype, np.integer) or (df[col] < 1).any():
             raise DataError(f"{path}: column {col!r} must hold integers >= 1")
     ms = pd.to_numeric(df["ms"], errors="coerce")
-    if ms.isna().any() or (ms <= 0).any():
-        raise DataError(f"{path}: column 'ms' must hold positive numbers (ms)")
+    if ms.isna().any() or (ms <= 0).any() or (ms > TABLE_MAX["ms"]).any():
+        raise DataError(f"{path}: column 'ms' must hold positive numbers (ms) up to {TABLE_MAX['ms']:g}")
     return df.assign(ms=ms.astype(float))
 
 

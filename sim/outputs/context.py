@@ -12,8 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from sim.core.errors import DataError, PipeSimError
-from sim.core.tomlio import read_toml
+from sim.core.errors import PipeSimError
 
 
 def _fmt_params(params: Mapping[str, Any]) -> str:
@@ -22,10 +21,12 @@ def _fmt_params(params: Mapping[str, Any]) -> str:
 
 def describe_profile(profile_dir: Path, label: str | None = None) -> dict[str, str]:
     """Model, GPU, interconnect and provenance from a profile's meta.toml (`label`: its name)."""
-    meta = read_toml(profile_dir / "meta.toml", DataError, "not a profile directory (meta.toml missing)")
+    from sim.latency.profiled import read_meta
+
+    meta = read_meta(profile_dir)  # (checked: a damaged meta.toml is its one-line error, not a crash here)
     prof, comm = meta.get("profile", {}), meta.get("comm", {})
     fits = meta.get("fit", [])
-    fitted = [f["param"] for f in fits if str(f.get("status", "")).startswith("fitted")]
+    fitted = [str(f.get("param", "?")) for f in fits if str(f.get("status", "")).startswith("fitted")]
     prov = f"{label or profile_dir}, derived from {prof.get('base_hardware', '?')}"
     prov += f"; {len(prof.get('sources', []))} source files"
     if fitted:

@@ -5,6 +5,8 @@ of rows, so that used to cost more than the simulation. Here every column is for
 (floats by `repr`, the shortest string that reads back to the same number, as pandas does;
 NaN and None as empty fields; booleans as True/False) and rows are joined in C. Columns of
 other kinds (dates, categories), frames without rows and single-column frames go to pandas.
+Either way the file is written to a temporary sibling and renamed into place once complete
+(sim/core/fsio.py), so a reader never sees half a table.
 """
 
 from __future__ import annotations
@@ -59,7 +61,14 @@ def format_column(values: pd.Series) -> list[str] | None:
 def write_csv(df: pd.DataFrame, path: str | Path, block: int = 8192) -> None:
     """`df.to_csv(path, index=False)`, faster. Rows are formatted and written `block` at a time,
     so the text of a huge table is never held at once (a 10^6-row requests.csv would take
-    about 1.5 GB as Python strings; a block of 8,192 rows about 15 MB)."""
+    about 1.5 GB as Python strings; a block of 8,192 rows about 15 MB). Atomic: see above."""
+    from sim.core.fsio import atomic_path
+
+    with atomic_path(path) as tmp:
+        _write_csv(df, tmp, block)
+
+
+def _write_csv(df: pd.DataFrame, path: Path, block: int) -> None:
     if len(df) == 0 or df.shape[1] < 2 or not df.columns.is_unique:
         df.to_csv(path, index=False)
         return

@@ -27,13 +27,17 @@ FORMATS = ("csv", "parquet")  # `ppsim run --format`
 
 
 def write_parquet(df, path: str | Path) -> None:
-    """`df` as one Parquet file (see the module docstring for the encoding)."""
+    """`df` as one Parquet file (see the module docstring for the encoding), written to a temporary
+    sibling and renamed into place once complete (sim/core/fsio.py)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
+    from sim.core.fsio import atomic_path
+
     text = [str(c) for c in df.columns if df[c].dtype == object or str(df[c].dtype) in ("str", "string")]
     table = pa.Table.from_pandas(df, preserve_index=False)
-    pq.write_table(table, str(path), compression="NONE", use_dictionary=text or False, write_statistics=False)
+    with atomic_path(path) as tmp:
+        pq.write_table(table, str(tmp), compression="NONE", use_dictionary=text or False, write_statistics=False)
 
 
 def read_parquet(path: str | Path):

@@ -16,7 +16,9 @@ on one device, the per-GPU shard of one layer (no communication), like Vidur:
 
 Each point is the median of `repeats` timed runs after warm-up (CUDA events on a GPU,
 perf_counter on the CPU). BF16 on CUDA, float32 on the CPU (CPU BF16 GEMMs are not representative).
-meta.toml records the device name, torch version, dtype, date and grids under [provenance].
+meta.toml records the device name, torch version, dtype, date and grids under [provenance], and
+`[profile] source = "collected (ppsim profile collect)"` (so `--force` may replace it later).
+The profile is written whole or not at all (`profile_io.write_profile` stages it).
 """
 
 from __future__ import annotations
@@ -183,7 +185,9 @@ def _comm_worker(rank: int, world: int, sizes: list[int], tp: int, port: int, ou
             rows.append(("send_recv", 2, size, ms))
         dist.barrier()
     if rank == 0:
-        pd.DataFrame(rows, columns=["op", "num_workers", "bytes", "ms"]).to_csv(out, index=False)
+        from sim.core import fsio
+
+        fsio.write_frame(pd.DataFrame(rows, columns=["op", "num_workers", "bytes", "ms"]), out, index=False)
     dist.destroy_process_group()
 
 
@@ -226,12 +230,13 @@ def collect(model_cfg: str | Path, out: str | Path, device: str = "cpu", quick: 
     pts_pre, pts_dec = time_attention(torch, timer, m, tp, grid, device, dtype)
     pre, dec, q = fit_attention(pts_pre, pts_dec)
     comm = None
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
     if device == "cuda":
-        comm = time_comm(torch, tp, grid, out)
-        if comm is not None:
-            (out / "comm_raw.csv").unlink(missing_ok=True)
+        # The workers' raw table goes to a private temporary folder, never into `out`: the profile
+        # folder is written only by write_profile, whole (staged, then swapped in).
+        import tempfile
+
+        with tempfile.TemporaryDirectory(prefix="ppsim-collect-") as tmp:
+            comm = time_comm(torch, tp, grid, Path(tmp))
     dev_name = torch.cuda.get_device_name(0) if device == "cuda" else cpu_name()
     provenance = {
         "tool": "ppsim profile collect" + (" --quick" if quick else ""),
@@ -252,7 +257,8 @@ def collect(model_cfg: str | Path, out: str | Path, device: str = "cpu", quick: 
     prof = write_profile(out, cfg=cfg, layer=layer, prefill=pre, decode=dec, comm=comm,
                          gpu=dev_name, base_hardware=f"{dev_name} (measured by ppsim profile collect)",
                          sources=[f"measured: {dev_name}, torch {torch.__version__}"],
-                         derivation=derivation, provenance=provenance)
+                         derivation=derivation, provenance=provenance,
+                         source="collected (ppsim profile collect)")
     log(f"wrote {out}")
     return prof
 

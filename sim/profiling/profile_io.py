@@ -7,7 +7,10 @@ Shared by `ppsim profile import-vidur` (sim.profiling.vidur_import) and `ppsim p
 - `fit_attention(prefill_points, decode_points)`: least-squares fit of the attention model;
 - `analytic_attention(shape, tp)`: the roofline fallback when no attention points exist;
 - `write_profile(out, ...)`: layer_nonattn.csv, attention.csv, optional comm.csv and meta.toml,
-  then loads the result with `Profile.load` so a written profile is always a valid one.
+  written into a staging sibling of `out`, loaded there with `Profile.load` and only then swapped
+  in whole (`sim.core.fsio.StagedFolder`), so a written profile is always a valid one and a
+  failed or interrupted write leaves `out` as it was (or absent);
+- `check_staged(staged)`: that load, shared with `ppsim profile build` (sim.profiling.build).
 """
 
 from __future__ import annotations
@@ -18,8 +21,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from sim.core import tomlio
-from sim.core.errors import DataError
+from sim.core import fsio, tomlio
+from sim.core.errors import DataError, PipeSimError
 
 # Per-iteration and per-stage extras a profile adds on top of the measured layers (profiles/FORMAT.md
 # [overhead]); assumed values, not fitted to anything.
@@ -147,6 +150,17 @@ def _fmt(x: float) -> str:
     return f"{x:.6g}"
 
 
+def check_staged(staged: fsio.StagedFolder) -> None:
+    """Load the profile written into `staged` before it is swapped in (one that does not load never
+    replaces anything); an error names the destination folder, not the hidden staging folder."""
+    from sim.latency.profiled import Profile
+
+    try:
+        Profile.load(staged.path)
+    except PipeSimError as exc:
+        raise type(exc)(str(exc).replace(str(staged.path), str(staged.out))) from None
+
+
 def write_profile(out: str | Path, *, cfg: dict, layer: pd.DataFrame, prefill: dict, decode: dict,
                   comm: pd.DataFrame | None, gpu: str, base_hardware: str, sources: list[str],
                   derivation: dict, provenance: dict | None = None, overhead_status: dict | None = None,
@@ -156,18 +170,31 @@ def write_profile(out: str | Path, *, cfg: dict, layer: pd.DataFrame, prefill: d
     measured hardware)."""
     from sim.latency.profiled import Profile
 
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
+    # Every file goes into this staging folder; `out` is replaced only once all of them load.
+    with fsio.StagedFolder(out) as staged:
+        _write_files(staged.path, cfg=cfg, layer=layer, prefill=prefill, decode=decode, comm=comm, gpu=gpu,
+                     base_hardware=base_hardware, sources=sources, derivation=derivation,
+                     provenance=provenance, overhead_status=overhead_status, source=source)
+        check_staged(staged)
+        staged.commit()
+    return Profile.load(out)
+
+
+def _write_files(out: Path, *, cfg: dict, layer: pd.DataFrame, prefill: dict, decode: dict,
+                 comm: pd.DataFrame | None, gpu: str, base_hardware: str, sources: list[str],
+                 derivation: dict, provenance: dict | None, overhead_status: dict | None,
+                 source: str | None) -> None:
+    """The profile's files, written into the (staging) folder `out`."""
     layer = layer.sort_index()
     cols = [c for c in LAYER_COLS if c in layer.columns]
     lines = [",".join(["num_tokens"] + cols)]
     for n, row in layer.iterrows():
         lines.append(",".join([str(int(n))] + [f"{row[c]:.6g}" for c in cols]))
-    (out / "layer_nonattn.csv").write_text("\n".join(lines) + "\n")
+    fsio.write_text(out / "layer_nonattn.csv", "\n".join(lines) + "\n")
     att = ["component,a_ms,b_c,b_c2,b_cp,b_ctx",
            ",".join(["prefill"] + [_fmt(prefill[k]) for k in ("a_ms", "b_c", "b_c2", "b_cp")] + [""]),
            ",".join(["decode", _fmt(decode["a_ms"]), "", "", "", _fmt(decode["b_ctx"])])]
-    (out / "attention.csv").write_text("\n".join(att) + "\n")
+    fsio.write_text(out / "attention.csv", "\n".join(att) + "\n")
 
     m, tp = cfg["model"], cfg["tp"]
     act_bytes = 2 * m["hidden_size"] * m["dtype_bytes"]
@@ -179,7 +206,7 @@ def write_profile(out: str | Path, *, cfg: dict, layer: pd.DataFrame, prefill: d
         comm = comm.sort_values(["op", "num_workers", "bytes"]).reset_index(drop=True)
         lines = ["op,num_workers,bytes,ms"] + [f"{r.op},{int(r.num_workers)},{int(r.bytes)},{r.ms:.6g}"
                                                for r in comm.itertuples()]
-        (out / "comm.csv").write_text("\n".join(lines) + "\n")
+        fsio.write_text(out / "comm.csv", "\n".join(lines) + "\n")
         has_sr = (comm["op"] == "send_recv").any()
         has_ar = ((comm["op"] == "all_reduce") & (comm["num_workers"] == tp)).any()
         if has_sr and (tp == 1 or has_ar):
@@ -232,8 +259,7 @@ def write_profile(out: str | Path, *, cfg: dict, layer: pd.DataFrame, prefill: d
                   "fitted to comm.csv (fallback alpha-beta)" if param in fitted else "default, not yet fitted")
         text += ("\n[[fit]]\n" + tomlio.dumps({"param": param, "value": meta[sec][param], "status": status,
                                                   "target": "", "achieved": "", "residual": ""}))
-    (out / "meta.toml").write_text(text)
-    return Profile.load(out)
+    fsio.write_text(out / "meta.toml", text)
 
 
 def check_positive(df: pd.DataFrame, col: str, where: str) -> pd.Series:

@@ -13,6 +13,7 @@ from sim.core.errors import ConfigError
 from sim.core.limits import check_num_requests
 from sim.core.tomlio import read_toml
 from sim.workloads.base import (  # noqa: F401  (re-exported)
+    _CHANGES,
     WORKLOADS_DIR,
     RequestSpec,
     make_requests,
@@ -24,6 +25,9 @@ from sim.workloads.base import (  # noqa: F401  (re-exported)
 from sim.workloads import kinds as _kinds  # noqa: F401,E402
 
 META_KEYS = ("name", "kind", "description")
+# The latest arrival a workload may have (seconds after the first): far beyond any trace (BurstGPT
+# spans 121 days, 1e7 s), near enough for the float clock to keep sub-microsecond resolution.
+MAX_ARRIVAL_S = 1e9
 
 
 def workload_path(name: str) -> Path:
@@ -69,4 +73,24 @@ def build_workload(table: Mapping[str, Any], *, seed: int) -> list[RequestSpec]:
     kind = merged.get("kind")
     builder = workload_kinds.get(str(kind), where=f"{where}: field 'kind'")
     params = {k: v for k, v in merged.items() if k not in META_KEYS}
-    return builder(params, seed=seed, where=where)
+    requests = builder(params, seed=seed, where=where)
+    last = requests[-1].arrival_s if requests else 0.0
+    if not last <= MAX_ARRIVAL_S:  # (NaN too)
+        # a rate so low (or timestamps so far apart) that the clock would lose its resolution:
+        # t + a 10 ms iteration == t past ~1e14 s, and 1 / a subnormal rate is inf
+        file = f" of {params['file']}" if isinstance(params.get("file"), str) else ""
+        raise ConfigError(f"{where}: the requests{file} arrive over {last:.4g} s, beyond the {MAX_ARRIVAL_S:g} s "
+                          f"(about 31 years) a run may span; check the field 'rate_rps', the trace's timestamps "
+                          f"or 'timestamp_speedup'")
+    return requests
+
+
+def build_workload_said(table: Mapping[str, Any], *, seed: int) -> tuple[list[RequestSpec], list[str]]:
+    """`build_workload` and what its builder changed of its input, one line each naming the file:
+    rows or conversations skipped or dropped (sim.workloads.base.said_change)."""
+    token = _CHANGES.set([])
+    try:
+        requests = build_workload(table, seed=seed)
+        return requests, list(_CHANGES.get() or [])
+    finally:
+        _CHANGES.reset(token)

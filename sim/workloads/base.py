@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from sim.core.lazy import lazy
 
+from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping, Protocol
@@ -58,6 +59,19 @@ def output_piece(rid: int) -> int:
 
 
 workload_kinds: Registry[Callable[..., list[RequestSpec]]] = Registry("workload kind")
+
+# What the builder of the workload being built changed of its input (rows or conversations it
+# skipped, dropped or cut), one line each naming the file: `ppsim run` prints every line as a
+# warning on stderr and writes it to summary.json's `warnings` (sim.workloads.build_workload_said).
+_CHANGES: ContextVar[list | None] = ContextVar("workload_changes", default=None)
+
+
+def said_change(text: str) -> None:
+    """Record one change a builder made to its input (see `_CHANGES`); outside
+    `build_workload_said` nobody listens, and the line goes nowhere."""
+    changes = _CHANGES.get()
+    if changes is not None and text not in changes:
+        changes.append(text)
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 WORKLOADS_DIR = REPO_ROOT / "workloads"

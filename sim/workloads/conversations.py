@@ -37,7 +37,7 @@ from sim.core.errors import ConfigError
 from sim.core.lazy import lazy
 from sim.core.rng import stream
 from sim.workloads.base import (MAX_REQUEST_TOKENS, RequestSpec, output_piece, poisson_arrivals, require,
-                                workload_kinds)
+                                said_change, workload_kinds)
 from sim.workloads.lengths import sample_lengths
 
 np = lazy("numpy")  # imported on first use (sim/core/lazy.py)
@@ -115,6 +115,10 @@ def build_conversation(params: Mapping[str, Any], *, seed: int, where: str) -> l
         specs[rid] = RequestSpec(rid, t, prompt, out, tuple(pieces))
         history[s] = pieces + [(output_piece(rid), out)]
     kept = [sp for sp in specs if sp is not None]
+    if params.get("file") is not None and len(kept) < len(rows):
+        # the file's turns past the context are not sent (the session ends there): said, as a change of the file
+        said_change(f"{params.get('file')}: {len(rows) - len(kept)} turn(s) of {len(ended)} conversation(s) past "
+                    f"max_context_tokens = {max_ctx} not sent (the session ends)")
     # renumber in arrival order (ended sessions leave gaps): a reply's piece id names its
     # request's final id, so the ids are assigned again and the pieces rewritten to match
     return _renumber(kept)
@@ -139,6 +143,7 @@ def _sharegpt_sessions(params: Mapping[str, Any], num: int, where: str) -> list[
     if not isinstance(data, list):
         raise DataError(f"{path}: expected a JSON list of conversations, got {type(data).__name__}")
     out = []
+    skipped = cut = 0  # conversations without a (message, reply) pair; turns left unused
     for i, item in enumerate(data):
         conv = item.get("conversations") if isinstance(item, dict) else None
         if not isinstance(conv, list):
@@ -155,10 +160,20 @@ def _sharegpt_sessions(params: Mapping[str, Any], num: int, where: str) -> list[
             turns.append((a, b))
         if turns:
             out.append(turns)
+            cut += len(conv) - 2 * len(turns)  # a last message without a reply, turns after an empty one
+        else:
+            skipped += 1
         if len(out) == num:
             break
     if not out:
         raise DataError(f"{path}: no conversation with a message and a reply")
+    if skipped:
+        said_change(f"{path}: {skipped} conversation(s) without a message and a reply skipped")
+    if cut:
+        said_change(f"{path}: {cut} message(s) without a reply (or after an empty one) not sent")
+    if len(out) < num:
+        said_change(f"{path}: num_sessions = {num} but the file holds {len(out)} usable conversation(s); "
+                    f"{len(out)} session(s) run")
     return out
 
 

@@ -1,6 +1,7 @@
 """Re-derive the committed length models in `sim/data/` from the shared data sets.
 
-    python -m sim.workloads.fit_lengths --data ../shared/data [--out sim/data]
+    python -m sim.workloads.fit_lengths --data ../shared/data --force     # rewrite sim/data
+    python -m sim.workloads.fit_lengths --data ../shared/data --out DIR     # new files elsewhere
 
 Model (one CSV per data set, `lengths_<name>.csv`): a rank-binned joint quantile table.
 
@@ -16,6 +17,11 @@ uniform draw. That keeps the prompt/output dependence (ShareGPT's Spearman corre
 -0.41, Azure conv's +0.07) with a file of a few tens of KB instead of the data itself, and it
 reproduces the means to within 0.3%. The output is a pure function of the input files, so the
 test suite checks this script reproduces the committed files byte for byte.
+
+Writes cannot destroy (sim/core/fsio.py): an existing output file is replaced only with
+`--force` (the committed files in sim/data too), every target is checked before any is written,
+and each file is written to a temporary sibling and renamed into place once complete. Errors are
+one line on stderr, exit 2.
 """
 
 from __future__ import annotations
@@ -26,6 +32,8 @@ from pathlib import Path
 
 import numpy as np
 
+from sim.core import fsio
+from sim.core.errors import DataError, PipeSimError
 from sim.workloads.lengths import DATA_DIR
 
 NUM_BINS = 10
@@ -40,6 +48,8 @@ SOURCES = {
 
 
 def read_pairs(path: Path) -> tuple[np.ndarray, np.ndarray]:
+    if not path.is_file():
+        raise DataError(f"{path}: not found (--data names the shared data folder, e.g. ../shared/data)")
     if path.name.startswith("AzureLLMInferenceTrace"):
         from sim.workloads.trace import read_trace
 
@@ -64,24 +74,32 @@ def fit_table(prompts: np.ndarray, outputs: np.ndarray) -> str:
     return "\n".join(lines) + "\n"
 
 
-def fit_all(data_dir: Path, out_dir: Path) -> list[Path]:
-    written = []
-    for name, rel in SOURCES.items():
-        prompts, outputs = read_pairs(data_dir / rel)
-        path = out_dir / f"lengths_{name}.csv"
-        path.write_text(fit_table(prompts, outputs))
-        written.append(path)
-    return written
+def fit_all(data_dir: Path, out_dir: Path, force: bool = False) -> list[Path]:
+    """Write `lengths_<name>.csv` for every data set into `out_dir`; returns the paths."""
+    targets = {name: out_dir / f"lengths_{name}.csv" for name in SOURCES}
+    # Refuse before reading or writing anything, so a refused run changes no file.
+    for path in targets.values():
+        fsio.check_new_file(path, force, "--out")
+    # Every table is fitted before the first is written, so a bad input file costs no output.
+    texts = {name: fit_table(*read_pairs(data_dir / rel)) for name, rel in SOURCES.items()}
+    for name, path in targets.items():
+        fsio.write_text(path, texts[name])
+    return list(targets.values())
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m sim.workloads.fit_lengths", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    prog = "python -m sim.workloads.fit_lengths"
+    ap = argparse.ArgumentParser(prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--data", type=Path, required=True, help="the shared data folder (../shared/data)")
     ap.add_argument("--out", type=Path, default=DATA_DIR, help=f"output folder (default {DATA_DIR})")
+    ap.add_argument("--force", action="store_true", help="replace existing lengths_*.csv files in --out")
     args = ap.parse_args(argv)
-    args.out.mkdir(parents=True, exist_ok=True)
-    for path in fit_all(args.data, args.out):
+    try:
+        written = fit_all(args.data, args.out, args.force)
+    except PipeSimError as exc:
+        print(f"{prog}: error: {exc}", file=sys.stderr)
+        return 2
+    for path in written:
         print(f"wrote {path}")
     return 0
 

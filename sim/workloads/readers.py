@@ -15,14 +15,15 @@ with `format` (default `auto`). Schemas (also in workloads/README.md):
   `Request tokens`, `Response tokens`, `Total tokens`, `Log Type`. `filter = {Model = "ChatGPT",
   "Log Type" = "Conversation log"}` keeps matching rows (a value or a list of values).
   BurstGPT logs failed requests with 0 response tokens: an error naming the line unless
-  `drop_failed = true`, which skips them and says how many in the trace's source note.
+  `drop_failed = true`, which skips them and says how many in the trace's source note and in a
+  warning (`ppsim run`: stderr and summary.json's `warnings`).
 - `sharegpt`: ShareGPT JSON, a list of `{"conversations": [{"from": "human", "value": ...},
   {"from": "gpt", "value": ...}, ...]}`; one request per conversation, as vLLM's and SGLang's
   benchmarks sample it: the first turn is the prompt, the second the output. Lengths are a
   tokenizer-free ESTIMATE, ceil(characters / `chars_per_token`) with 4.0 characters per token by
   default, unless an item gives its own counts (`prompt_tokens`/`output_tokens` or
   `input_length`/`output_length`). Conversations with fewer than two turns are skipped and
-  counted. The file has no arrival times: it replays only as Poisson arrivals at `rate_rps`.
+  counted (a warning, as for BurstGPT's failed rows). The file has no arrival times: it replays only as Poisson arrivals at `rate_rps`.
 
 Errors name the file, the line (JSON: the item) and the field, on one line.
 """
@@ -189,12 +190,15 @@ def _read_burstgpt(path: str, _mtime: int, _size: int, filters: tuple, drop_fail
             raise _burst_error(p, df, bad, col, what)
         nums[col] = v
     failed = (nums["Response tokens"] == 0) | (nums["Request tokens"] == 0)
+    dropped: tuple[str, ...] = ()
     if failed.any():
         if not drop_failed:
             col = "Response tokens" if (nums["Response tokens"] == 0).any() else "Request tokens"
             raise _burst_error(p, df, failed, col, "0 tokens (a failed request in BurstGPT)",
                                "; set the workload field drop_failed = true to skip such rows")
         notes.append(f"{int(failed.sum())} failed rows (0 tokens) dropped (drop_failed)")
+        dropped = (f"{p}: {int(failed.sum())} failed row(s) of {len(failed)} (0 tokens) dropped "
+                   f"(drop_failed = true)",)
         keep = ~failed
         df = df[keep]
         nums = {k: v[keep] for k, v in nums.items()}
@@ -204,7 +208,7 @@ def _read_burstgpt(path: str, _mtime: int, _size: int, filters: tuple, drop_fail
         raise _burst_error(p, df, np.concatenate([[False], back]), "Timestamp",
                            "out of order (earlier than the row before)")
     return _readonly(Trace(p, t - t[0], nums["Request tokens"].astype(np.int64),
-                           nums["Response tokens"].astype(np.int64), source="; ".join(notes)))
+                           nums["Response tokens"].astype(np.int64), source="; ".join(notes), dropped=dropped))
 
 
 @trace_formats.register("burstgpt")
@@ -273,8 +277,9 @@ def _read_sharegpt(path: str, _mtime: int, _size: int, chars_per_token: float) -
     if skipped:
         note += f"; {skipped} conversations without a reply skipped"
     n = len(prompts)
+    dropped = (f"{p}: {skipped} conversation(s) of {len(data)} without a reply skipped",) if skipped else ()
     return _readonly(Trace(p, np.zeros(n), np.asarray(prompts, dtype=np.int64), np.asarray(outputs, dtype=np.int64),
-                           has_times=False, source=note))
+                           has_times=False, source=note, dropped=dropped))
 
 
 @trace_formats.register("sharegpt")

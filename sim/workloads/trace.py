@@ -18,7 +18,9 @@ Two modes, as the artifact:
 artifact, which silently drops rows with prompt <= 0, a non-positive or non-integer length is an
 error: both Azure traces have none, so any such row means a wrong file or wrong columns.
 No row is dropped silently: `limit = N` (the CLI's `--limit`) takes the first N rows explicitly,
-and a `num_requests` larger than the file is an error.
+and a `num_requests` larger than the file is an error; rows a reader skips (ShareGPT items without
+a reply, BurstGPT failed rows with `drop_failed`) are counted in `Trace.dropped`, which `ppsim run`
+prints as warnings and writes to summary.json's `warnings`.
 """
 
 from __future__ import annotations
@@ -40,7 +42,8 @@ from sim.core.errors import ConfigError, DataError
 from sim.core.registry import Registry
 from sim.core.rng import stream
 from sim.core.textio import read_text
-from sim.workloads.base import MAX_REQUEST_TOKENS, make_requests, poisson_arrivals, require, workload_kinds
+from sim.workloads.base import (MAX_REQUEST_TOKENS, make_requests, poisson_arrivals, require, said_change,
+                                workload_kinds)
 from sim.workloads.fetch import cache_dir, download_for_file
 
 DEFAULT_COLUMNS = {"arrival": "TIMESTAMP", "prompt": "ContextTokens", "output": "GeneratedTokens"}
@@ -63,6 +66,9 @@ class Trace:
     has_times: bool = True  # False: the file records no arrival times (ShareGPT): Poisson only
     source: str = ""  # format and any rows a reader skipped on request, for headers and stats
     pieces: tuple | None = None  # per row, the prompt's prefix identity (Mooncake hash_ids), or None
+    # what the reader skipped or dropped of the file, one line each naming it (count and reason):
+    # said as warnings by `ppsim run` and in summary.json (sim.workloads.base.said_change)
+    dropped: tuple[str, ...] = ()
 
     def __len__(self) -> int:
         return len(self.times_s)
@@ -229,7 +235,8 @@ def _select(trace: Trace, params: Mapping[str, Any], *, seed: int, where: str):
         if limit > len(trace):
             raise ConfigError(f"{where}: field 'limit' is {limit} but {trace.path} has {len(trace)} rows")
         trace = Trace(trace.path, trace.times_s[:limit], trace.prompts[:limit], trace.outputs[:limit],
-                      trace.has_times, trace.source, None if trace.pieces is None else trace.pieces[:limit])
+                      trace.has_times, trace.source, None if trace.pieces is None else trace.pieces[:limit],
+                      trace.dropped)
     if mode == "poisson":
         rate = require(params, "rate_rps", float, where, positive=True)
         if num is not None and num > len(trace):
@@ -282,6 +289,8 @@ def build_trace(params: Mapping[str, Any], *, seed: int, where: str):
     fmt = params.get("format", "auto")
     trace = trace_formats.get(str(fmt), where=f"{where}: field 'format'")(path, params, where)
     times, prompts, outputs, idx = _select(trace, params, seed=seed, where=where)
+    for line in trace.dropped:
+        said_change(line)
     if swap:  # (a swapped prompt is another text: its prefix identity does not carry over)
         return make_requests(times, outputs, prompts)
     pieces = None if trace.pieces is None else [trace.pieces[i] for i in idx.tolist()]
