@@ -21,11 +21,12 @@ SCALES = (1.0, 0.8, 0.6, 0.4, 0.2)
 def compute(ctx: Context) -> dict[str, pd.DataFrame]:
     scales = (1.0, 0.6, 0.2) if ctx.quick else SCALES
     models = MODELS[:1] if ctx.quick else MODELS
-    # Only the goodput is plotted: gallop from the nearest known goodput to a bracket, and
-    # do not extend past the sweep's range (a goodput at its top is flagged not_bracketed).
-    # Runs stop as soon as their P90 is certain to miss the SLO (status "stopped").
+    # Only the goodput is plotted: gallop from the nearest known goodput to a bracket, past the
+    # sweep's range when it still passes there (up to the deployment's physical ceiling,
+    # sim/studies/inputs.py), so that no goodput is the sweep's top rate. Runs stop as soon as
+    # their P90 is certain to miss the SLO (status "stopped").
     _, good = goodput_study(ctx, models, WORKLOADS, SCHEMES, slo_scales=scales, desc="fig12", full_sweep=False,
-                            extend=False, stop_early=True)
+                            stop_early=True)
     df = aggregate_goodput(best_static(good), ["model", "workload", "scheme", "slo_scale"])
     df = df[["model", "workload", "scheme", "slo_scale", "goodput_rps", "goodput_ci_lo", "goodput_ci_hi",
              "num_seeds", "flag"]]
