@@ -97,3 +97,14 @@ def test_notebooks_execute_headless(quick_results, notebook, monkeypatch):
     nbclient.NotebookClient(nb, timeout=120, kernel_name="python3",
                             resources={"metadata": {"path": str(REPO / "notebooks")}}).execute()
     assert any(c.get("outputs") for c in nb.cells if c.cell_type == "code")
+
+
+def test_fig11_runs_the_papers_chunk_only_when_it_is_tied_with_the_best():
+    # a small case by hand: best 128, the paper's 256 tied -> 256; not tied -> 128; no ties -> 128
+    from experiments.fig11 import chunk_to_run, paper_chunks
+
+    assert chunk_to_run(128, "128 256 512", 256) == 256
+    assert chunk_to_run(128, "128 512", 256) == 128
+    assert chunk_to_run(128, float("nan"), 256) == 128
+    assert chunk_to_run(512, "512", None) == 512
+    assert paper_chunks() == {"azure-conv": 512, "cnn": 512, "sharegpt": 512, "cnn-reversed": 256}
