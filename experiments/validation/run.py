@@ -1,0 +1,680 @@
+#!/usr/bin/env python3
+"""PipeSim against public real-hardware measurements (issue 31's validation suite).
+
+    python experiments/validation/run.py                 # every case + the full-load study -> report.md, report.csv
+    python experiments/validation/run.py --only B7,B8    # some cases, written to runs/validation/
+    python experiments/validation/run.py --quick         # smoke run: <= 200 requests a case, runs/validation-quick/
+    python experiments/validation/run.py --extract B1=FILE.json   # re-derive data/B1.csv from the original result file
+    python experiments/validation/run.py --check-data    # the data files against cases.toml (lengths, totals)
+
+Each case of `cases.toml` (source, engine and version that ran, GPU, model, TP, flags, workload, rate
+and the published numbers, verbatim) is simulated once on seed 1 with the PipeSim engine that case
+names; every published metric is compared with the same statistic computed the way the benchmark
+client computes it (`client_metrics`). Nothing is fitted to these cases: the profiles and engines
+are used as shipped, and misses are reported as found.
+
+The full-load study (`TOGGLES`) re-runs every offline case (rate inf) with one cost at a time
+switched: CUDA-graph padding, the memory outside the KV pool, the per-request and per-iteration
+host costs, the ground truth's variance, SGLang's overlap scheduler, and reports each one's effect
+on the simulated throughput next to the real one.
+
+Only the full run without --only/--quick writes the committed report (experiments/validation/);
+every other run writes to --out (default runs/validation[-quick]/). Runs are deterministic: the
+same command gives the same report.csv, byte for byte, with any --jobs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import json
+import math
+import os
+import sys
+import time
+import tomllib
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+CASES_FILE = HERE / "cases.toml"
+DATA_DIR = HERE / "data"
+SEED = 1
+QUICK_REQUESTS = 200
+COMMAND = "python experiments/validation/run.py"
+
+# The columns of report.csv, in order.
+COLUMNS = ("case", "gpu", "sim_gpu", "model", "tp", "real_engine", "sim_engine", "rate", "metric", "unit", "real",
+           "simulated", "error_pct", "scored", "what_differs")
+# The GPU of a profile folder (profiles/built/<gpu>/<model>/tp<T>), as the report names it.
+PROFILE_GPUS = {"a100-sxm-80gb": "A100-80GB SXM", "a100-pcie-40gb": "A100-40GB PCIe", "h100-sxm-80gb": "H100-80GB SXM"}
+
+# metric -> (unit, statistic). Workload totals (total_*) are shown next to the simulated sample's but
+# not scored: they say how far the replayed lengths are from the run's own, not how fast PipeSim is.
+METRICS = {
+    "mean_ttft_ms": ("ms", "mean TTFT"), "median_ttft_ms": ("ms", "median TTFT"), "p99_ttft_ms": ("ms", "P99 TTFT"),
+    "median_tpot_ms": ("ms", "median TPOT"), "median_itl_ms": ("ms", "median ITL"),
+    "mean_e2e_ms": ("ms", "mean E2E"), "median_e2e_ms": ("ms", "median E2E"),
+    "request_throughput": ("req/s", "request throughput"), "output_throughput": ("tok/s", "output throughput"),
+    "input_throughput": ("tok/s", "input throughput"),
+    "decode_ms_per_token": ("ms", "decode time per token (real: median ITL / 10)"),
+    "median_decode_step_s": ("s", "median decode step"),
+    "total_input_tokens": ("tokens", "workload: input tokens"),
+    "total_output_tokens": ("tokens", "workload: output tokens"),
+}
+UNSCORED = ("total_input_tokens", "total_output_tokens")
+
+# The full-load study: name -> (what it switches, engines it applies to or None for all).
+TOGGLES = {
+    "cuda_graphs off": ("[scheduler] cuda_graphs = false: no padding of decode batches to captured sizes", None),
+    "kv pool x0.5": (("[scheduler] kv_tokens = half the modelled pool: twice the memory outside it (activations, "
+                      "graphs, fragmentation) taken from the KV cache"), None),
+    "mem_fraction -0.05": ("[scheduler] mem_fraction 0.05 lower: 4 GB more memory outside the KV pool per GPU", None),
+    "cpu_per_request_us 0": ("[latency.overrides] cpu_per_request_us = 0: no per-request host cost", None),
+    "cpu_per_request_us 50": (("[latency.overrides] cpu_per_request_us = 50 (the top of its documented range; "
+                               "profiles ship 5)"), None),
+    "cpu_ms 1": ("[latency.overrides] cpu_ms = 1 (bottom of its range; built profiles ship 2.0, the A100 PCIe 1.17)",
+                 None),
+    "cpu_ms 3": ("[latency.overrides] cpu_ms = 3 (top of its range)", None),
+    "variance off": ("[latency] variance = false: no jitter or slow iterations", None),
+    "overlap on": ("[scheduler] overlap = true: SGLang's overlap scheduler (0.4+) hides the host cost", ("sglang",)),
+}
+
+
+# ------------------------------------------------------------------------------------------- cases
+
+
+def load_cases(path: Path = CASES_FILE) -> list[dict]:
+    with open(path, "rb") as fh:
+        cases = tomllib.load(fh)["case"]
+    seen = set()
+    for c in cases:
+        if c["id"] in seen:
+            raise SystemExit(f"{path}: duplicate case id {c['id']}")
+        seen.add(c["id"])
+        for key in c["real"]:
+            if key not in METRICS:
+                raise SystemExit(f"{path}: case {c['id']}: unknown metric {key!r}; allowed: {', '.join(METRICS)}")
+    return cases
+
+
+def case_by_id(cases: list[dict]) -> dict[str, dict]:
+    return {c["id"]: c for c in cases}
+
+
+def is_offline(case: dict) -> bool:
+    return case["workload"]["rate"] == "inf"
+
+
+def in_full_load_study(case: dict) -> bool:
+    """Offline (rate inf) with a published throughput: the cases of the full-load study."""
+    return is_offline(case) and any(k in case["real"] for k in ("request_throughput", "output_throughput"))
+
+
+# ------------------------------------------------------------------------ data files (result logs)
+
+# The scalar fields of a vLLM benchmark_serving result kept in a data file's header, verbatim.
+LOG_FIELDS = ("date", "backend", "model_id", "tokenizer_id", "num_prompts", "request_rate", "duration", "completed",
+              "total_input_tokens", "total_output_tokens", "request_throughput", "input_throughput",
+              "output_throughput", "mean_ttft_ms", "median_ttft_ms", "std_ttft_ms", "p99_ttft_ms", "mean_tpot_ms",
+              "median_tpot_ms", "std_tpot_ms", "p99_tpot_ms", "mean_itl_ms", "median_itl_ms", "std_itl_ms",
+              "p99_itl_ms", "mean_latency_ms", "median_latency_ms", "std_latency_ms", "p99_latency_ms")
+# where a case's metric is in a result file (decode_ms_per_token is derived: median ITL / 10)
+LOG_METRIC_KEYS = {"request_throughput": "request_throughput", "output_throughput": "output_throughput",
+                   "mean_ttft_ms": "mean_ttft_ms", "median_ttft_ms": "median_ttft_ms",
+                   "median_tpot_ms": "median_tpot_ms", "median_e2e_ms": "median_latency_ms"}
+
+
+def extract_log(record: dict, source: str) -> str:
+    """The data file of a vLLM `benchmark_serving.py --save-result` JSON: a header naming the source
+    and holding the run's scalar fields verbatim, then one `input_len,output_len` row per request in
+    the file's order (the order the client sent them)."""
+    ins, outs = record.get("input_lens"), record.get("output_lens")
+    if not isinstance(ins, list) or not isinstance(outs, list) or len(ins) != len(outs) or not ins:
+        raise SystemExit("the result file has no per-request input_lens/output_lens of equal length")
+    if (sum(ins) != record.get("total_input_tokens", sum(ins))
+            or sum(outs) != record.get("total_output_tokens", sum(outs))):
+        raise SystemExit("input_lens/output_lens do not add up to total_input_tokens/total_output_tokens")
+    head = {k: record[k] for k in LOG_FIELDS if k in record}
+    buf = io.StringIO()
+    buf.write("# PipeSim validation data: the per-request lengths of a vLLM benchmark_serving result file\n")
+    buf.write(f"# source: {source}\n")
+    buf.write(f"# re-derive: {COMMAND} --extract ID=FILE (FILE: that JSON; the source line is kept)\n")
+    buf.write(f"# output_len 0: no text came back (ttft 0.0 in the file; most likely an immediate EOS): "
+              f"{sum(1 for o in outs if o == 0)} of {len(outs)}\n")
+    buf.write("# aggregates: " + json.dumps(head) + "\n")
+    buf.write("input_len,output_len\n")
+    for a, b in zip(ins, outs):
+        buf.write(f"{int(a)},{int(b)}\n")
+    return buf.getvalue()
+
+
+def read_log_data(path: Path) -> tuple[dict, list[int], list[int], str]:
+    """(aggregates, input lengths, output lengths, source line) of a data file."""
+    agg: dict = {}
+    source = ""
+    ins, outs = [], []
+    with open(path) as fh:
+        for line in fh:
+            if line.startswith("# aggregates: "):
+                agg = json.loads(line[len("# aggregates: "):])
+            elif line.startswith("# source: "):
+                source = line[len("# source: "):].strip()
+            elif line.startswith(("#", "input_len")):
+                continue
+            elif line.strip():
+                a, b = line.strip().split(",")
+                ins.append(int(a))
+                outs.append(int(b))
+    return agg, ins, outs, source
+
+
+def check_data(cases: list[dict]) -> list[str]:
+    """Problems of the data files: totals against the header, header against cases.toml's numbers."""
+    problems = []
+    for c in cases:
+        wl = c["workload"]
+        if wl["source"] != "log":
+            continue
+        path = HERE / wl["file"]
+        if not path.is_file():
+            problems.append(f"{c['id']}: {path} missing")
+            continue
+        agg, ins, outs, _ = read_log_data(path)
+        if sum(ins) != agg.get("total_input_tokens") or sum(outs) != agg.get("total_output_tokens"):
+            problems.append(f"{c['id']}: lengths do not add up to the header's totals")
+        if len(ins) != agg.get("completed"):
+            problems.append(f"{c['id']}: {len(ins)} rows, header says {agg.get('completed')} completed")
+        for key, real in c["real"].items():
+            src = LOG_METRIC_KEYS.get(key)
+            if src is not None and agg.get(src) != real:
+                problems.append(f"{c['id']}: {key} = {real} in cases.toml, {agg.get(src)} in {path.name}")
+            if key == "decode_ms_per_token" and not math.isclose(agg.get("median_itl_ms", math.nan) / 10, real):
+                problems.append(f"{c['id']}: decode_ms_per_token is not the header's median_itl_ms / 10")
+    return problems
+
+
+def cmd_extract(specs: list[str], cases: dict[str, dict]) -> int:
+    for spec in specs:
+        cid, sep, file = spec.partition("=")
+        if not sep or cid not in cases or cases[cid]["workload"]["source"] != "log":
+            raise SystemExit(f"--extract {spec!r}: expected ID=FILE with ID a case whose workload is a log "
+                             f"({', '.join(k for k, c in cases.items() if c['workload']['source'] == 'log')})")
+        with open(file) as fh:
+            record = json.load(fh)
+        out = HERE / cases[cid]["workload"]["file"]
+        source = cases[cid]["source"]
+        text = extract_log(record, source)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(text)
+        print(f"{cid}: {out.relative_to(REPO)} ({len(record['input_lens'])} requests) from {file}")
+    return 0
+
+
+# --------------------------------------------------------------------------------- one simulation
+
+
+def _lengths(case: dict, quick: bool) -> tuple[dict, list | None]:
+    """The [workload] table of the case, and the log's output lengths (None: not a log)."""
+    wl = case["workload"]
+    rate = math.inf if wl["rate"] == "inf" else float(wl["rate"])
+    src = wl["source"]
+    n = wl.get("num_requests")
+    if quick and n is not None:
+        n = min(n, QUICK_REQUESTS)
+    if src == "sharegpt":
+        return {"name": "sharegpt", "num_requests": n, "rate_rps": rate}, None
+    if src == "uniform":
+        return {"kind": "synthetic-uniform", "num_requests": n, "rate_rps": rate,
+                "input_range": list(wl["input_range"]), "output_range": list(wl["output_range"])}, None
+    if src == "fixed":
+        return {"kind": "synthetic-uniform", "num_requests": n, "rate_rps": rate,
+                "input_range": [wl["input"], wl["input"]], "output_range": [wl["output"], wl["output"]]}, None
+    if src == "log":
+        _, ins, outs, _ = read_log_data(HERE / wl["file"])
+        if quick:
+            ins, outs = ins[:QUICK_REQUESTS], outs[:QUICK_REQUESTS]
+        # a request that produced no text still had its prompt prefilled and one (EOS) token sampled
+        table = {"kind": "poisson", "num_requests": len(ins), "rate_rps": rate,
+                 "lengths": {"source": "pairs", "prompt_tokens": ins, "output_tokens": [max(o, 1) for o in outs]}}
+        return table, outs
+    raise SystemExit(f"case {case['id']}: unknown workload source {src!r}")
+
+
+def config_table(case: dict, quick: bool = False, toggle: str | None = None, kv_tokens: int | None = None) -> dict:
+    sim = case["sim"]
+    sched = dict(sim.get("scheduler", {}))
+    sched["engine"] = sim["engine"]
+    latency = {"profile": sim["profile"]}
+    if toggle == "cuda_graphs off":
+        sched["cuda_graphs"] = False
+    elif toggle == "mem_fraction -0.05":
+        sched["mem_fraction"] = round(sched.get("mem_fraction", 0.9) - 0.05, 4)
+    elif toggle == "kv pool x0.5":
+        sched["kv_tokens"] = kv_tokens // 2
+    elif toggle == "overlap on":
+        sched["overlap"] = True
+    elif toggle == "variance off":
+        latency["variance"] = False
+    elif toggle is not None and toggle.startswith(("cpu_per_request_us ", "cpu_ms ")):
+        key, val = toggle.split()
+        latency["overrides"] = {key: float(val)}
+    elif toggle is not None:
+        raise SystemExit(f"unknown toggle {toggle!r}")
+    workload, _ = _lengths(case, quick)
+    return {"seed": SEED, "parallel": {"tp": int(case["tp"])}, "scheduler": sched, "latency": latency,
+            # real servers retract or preempt when the KV cache runs out; none exits
+            "server": {"on_kv_exhausted": "retract"}, "workload": workload}
+
+
+def modelled_kv_tokens(cfg) -> int:
+    """The KV pool the engine sizes for this config (sim.engine.run.pool_sizes, as `run` does)."""
+    from sim.engine.run import build_latency, hardware, pool_sizes
+    from sim.engine.schedulers import engine as engine_for
+
+    latency = build_latency(cfg)
+    hw = hardware(cfg, latency)
+    eng = engine_for(cfg.scheduler.engine)
+    settings = eng.settings(cfg.scheduler, hw)
+    return pool_sizes(cfg, latency, eng, settings, hw)[0]
+
+
+def client_metrics(result, log_outputs: list | None) -> dict:
+    """The benchmark client's statistics of a simulated run (vLLM benchmark_serving / SGLang
+    bench_serving `calculate_metrics`): TTFT and E2E per request, TPOT = (E2E - TTFT) / (output - 1)
+    over outputs > 1 token, ITL pooled per token, throughputs over first send to last completion.
+    A log's 0-token outputs (simulated as 1 token) are measured as the client saw them: TTFT 0 (no
+    text came), no TPOT, 0 output tokens; their E2E is the simulated one."""
+    import numpy as np
+
+    from sim.outputs.metrics import FINISHED, request_columns
+
+    c = request_columns(result)
+    fin = c["status"] == FINISHED
+    idx = np.flatnonzero(fin)
+    ttft = c["ttft_ms"].astype(float).copy()
+    tpot = c["tpot_ms"].astype(float).copy()
+    gen = c["generated_tokens"].astype(float).copy()
+    if log_outputs is not None:
+        empty = np.zeros(len(ttft), dtype=bool)
+        # requests are built in the log's order (all arrive at t = 0; make_requests keeps ties in order)
+        empty[: len(log_outputs)] = np.asarray(log_outputs) == 0
+        ttft[empty] = 0.0
+        tpot[empty] = np.nan
+        gen[empty] = 0.0
+    e2e = c["e2e_ms"].astype(float)
+    t0 = float(c["arrival_s"].min())
+    duration = float(c["finish_s"][fin].max()) - t0 if fin.any() else math.nan
+    out = {"completed": int(fin.sum()), "num_requests": len(fin), "duration_s": duration}
+
+    def f(v):  # the finished requests' values, NaN (no TPOT) left out
+        return v[idx][~np.isnan(v[idx])]
+
+    out["mean_ttft_ms"] = float(f(ttft).mean())
+    out["median_ttft_ms"] = float(np.median(f(ttft)))
+    out["p99_ttft_ms"] = float(np.percentile(f(ttft), 99))
+    out["median_tpot_ms"] = float(np.median(f(tpot))) if len(f(tpot)) else math.nan
+    out["mean_e2e_ms"] = float(f(e2e).mean())
+    out["median_e2e_ms"] = float(np.median(f(e2e)))
+    out["request_throughput"] = out["completed"] / duration
+    out["output_throughput"] = float(gen[idx].sum()) / duration
+    out["input_throughput"] = float(c["prompt_tokens"][idx].sum()) / duration
+    itls = result.requests.itls.pooled_ms(idx)
+    med_itl = float(itls.percentile(50)) if hasattr(itls, "percentile") else float(np.median(itls))
+    out["median_itl_ms"] = med_itl
+    out["decode_ms_per_token"] = med_itl
+    out["median_decode_step_s"] = med_itl / 1e3
+    out["total_input_tokens"] = int(c["prompt_tokens"].sum())
+    out["total_output_tokens"] = int(gen.sum())
+    out["kv_capacity_tokens"] = int(result.kv_capacity_tokens)
+    out["kv_peak_tokens"] = int(result.kv_peak_tokens)
+    out["max_running_requests"] = int(result.max_running_requests)
+    out["num_retractions"] = int(c["num_retractions"].sum())
+    out["status"] = result.status
+    return out
+
+
+def simulate(job: tuple[str, str | None, bool]) -> tuple[str, str | None, dict]:
+    """One run: (case id, toggle or None, quick) -> (case id, toggle, client metrics)."""
+    case_id, toggle, quick = job
+    from sim.core.config import config_from_table
+    from sim.engine.run import run
+
+    case = case_by_id(load_cases())[case_id]
+    table = config_table(case, quick)
+    kv = None
+    if toggle == "kv pool x0.5":
+        kv = modelled_kv_tokens(config_from_table(table, f"case {case_id}"))
+    if toggle is not None:
+        table = config_table(case, quick, toggle, kv)
+    cfg = config_from_table(table, f"case {case_id}")
+    _, log_outputs = _lengths(case, quick)
+    t = time.perf_counter()
+    result = run(cfg, keep_iterations=False)
+    metrics = client_metrics(result, log_outputs)
+    metrics["wall_s"] = time.perf_counter() - t
+    if result.status != "ok":
+        metrics["reason"] = result.reason
+    return case_id, toggle, metrics
+
+
+def toggles_for(case: dict) -> list[str]:
+    return [name for name, (_, engines) in TOGGLES.items() if engines is None or case["sim"]["engine"] in engines]
+
+
+# -------------------------------------------------------------------------------------- reporting
+
+
+def fmt(v: float) -> str:
+    """A value as the report writes it (6 significant digits: the same text from any run)."""
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return ""
+    if isinstance(v, int) or float(v).is_integer() and abs(v) >= 1e4:
+        return str(int(v))
+    return f"{v:.6g}"
+
+
+def error_pct(real: float, sim: float) -> float:
+    return (sim - real) / real * 100 if real and not math.isnan(sim) else math.nan
+
+
+def report_rows(cases: list[dict], sims: dict) -> list[dict]:
+    rows = []
+    for c in cases:
+        if c["id"] not in sims:
+            continue
+        m = sims[c["id"]]
+        rate = c["workload"]["rate"]
+        for key, real in c["real"].items():
+            sim = m.get(key, math.nan)
+            err = error_pct(real, sim)
+            rows.append({
+                "case": c["id"], "gpu": c["gpu"].split(" (")[0], "sim_gpu": sim_gpu(c),
+                "model": c["model"].split(" (")[0], "tp": c["tp"],
+                "real_engine": c["real_engine"].split(",")[0], "sim_engine": c["sim"]["engine"],
+                "rate": "inf" if rate == "inf" else fmt(float(rate)), "metric": key, "unit": METRICS[key][0],
+                "real": fmt(real), "simulated": fmt(sim), "error_pct": "" if math.isnan(err) else f"{err:+.1f}",
+                "scored": "no" if key in UNSCORED else "yes", "what_differs": "; ".join(c.get("differs", [])),
+            })
+    return rows
+
+
+def write_csv(rows: list[dict], path: Path) -> None:
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=COLUMNS, lineterminator="\n")
+    w.writeheader()
+    w.writerows(rows)
+    path.write_text(buf.getvalue())
+
+
+def _median(vals: list[float]) -> float:
+    vals = sorted(vals)
+    n = len(vals)
+    return math.nan if not n else (vals[n // 2] if n % 2 else (vals[n // 2 - 1] + vals[n // 2]) / 2)
+
+
+def _group_stats(rows: list[dict], key) -> list[tuple[str, int, float, float, float]]:
+    groups: dict[str, list[float]] = {}
+    for r in rows:
+        if r["scored"] != "yes" or not r["error_pct"]:
+            continue
+        groups.setdefault(key(r), []).append(float(r["error_pct"]))
+    out = []
+    for name, errs in sorted(groups.items()):
+        out.append((name, len(errs), _median([abs(e) for e in errs]), _median(errs),
+                    sum(1 for e in errs if abs(e) <= 20) / len(errs) * 100))
+    return out
+
+
+def sim_gpu(case: dict) -> str:
+    name = Path(case["sim"]["profile"]).parts[-3]
+    return PROFILE_GPUS.get(name, name)
+
+
+def engine_family(case: dict) -> str:
+    """SGLang or vLLM: the engine that ran."""
+    return case["real_engine"].replace(",", " ").split()[0]
+
+
+def throughput_key(case: dict) -> str:
+    return "request_throughput" if "request_throughput" in case["real"] else "output_throughput"
+
+
+def metric_class(key: str) -> str:
+    if key.endswith("throughput"):
+        return "throughput"
+    if "ttft" in key:
+        return "TTFT"
+    if "tpot" in key or "itl" in key or "decode" in key:
+        return "TPOT / ITL / decode step"
+    return "E2E"
+
+
+def write_report(cases: list[dict], sims: dict, toggles: dict, rows: list[dict], path: Path, quick: bool,
+                 only: bool) -> None:
+    by_id = case_by_id(cases)
+    ran = [c for c in cases if c["id"] in sims]
+    L = []
+    L.append("# PipeSim against public real-hardware measurements (validation suite, issue 31)")
+    L.append("")
+    L.append(f"Generated by `{COMMAND}{' --quick' if quick else ''}` from `cases.toml` (sources, flags, published "
+             "numbers verbatim) and `data/` (per-request lengths of the result files). Do not edit; rerun. "
+             "Nothing was fitted to these cases: profiles and engines as shipped, seed 1, misses as found.")
+    if quick:
+        L.append("")
+        L.append(f"**Quick mode: at most {QUICK_REQUESTS} requests a case. Not comparable with the published "
+                 "numbers.**")
+    gpus = sorted({sim_gpu(c) for c in ran})
+    engines = sorted({engine_family(c) for c in ran})
+    L.append("")
+    L.append(f"{len(ran)} cases, {len(rows)} compared numbers ({sum(r['scored'] == 'yes' for r in rows)} scored); "
+             f"GPU types (profiles): {', '.join(gpus)}; engines that ran: {', '.join(engines)} (versions per case).")
+    L.append("")
+    L.append("Error = (simulated - real) / real. `report.csv` has every row with what differs between the run "
+             "and its replay; the case notes below say it per case.")
+    # ---- summary table
+    L.append("")
+    L.append("## Every compared number")
+    L.append("")
+    L.append("| case | GPU (profile) | model | engine (real -> PipeSim) | rate | metric | real | simulated | error "
+             "| what differs |")
+    L.append("|---|---|---|---|---|---|---:|---:|---:|---|")
+    shown = set()
+    for r in rows:
+        c = by_id[r["case"]]
+        eng = f"{c['real_engine'].split(',')[0].split(' (')[0]} -> {c['sim']['engine']}"
+        err = f"{r['error_pct']}%" if r["error_pct"] else ""
+        if r["scored"] == "no":
+            err = f"({err} workload)" if err else "(workload)"
+        first = r["case"] not in shown
+        shown.add(r["case"])
+        head = (f"| {r['case']} | {r['sim_gpu']}{' (inferred)' if c.get('gpu_inferred') else ''} | {r['model']} "
+                f"x{r['tp']} | {eng} | {r['rate']} |") if first else "| | | | | |"
+        L.append(f"{head} {METRICS[r['metric']][1]} ({r['unit']}) | {r['real']} | {r['simulated']} | {err} | "
+                 f"{c.get('differs_short', '') if first else ''} |")
+    # ---- aggregates
+    L.append("")
+    L.append("## Errors by group (scored numbers)")
+    L.append("")
+    L.append("| group | numbers | median \\|error\\| | median error | within 20% |")
+    L.append("|---|---:|---:|---:|---:|")
+    # (PipeSim's engine follows the one that ran: SGLang -> sglang, vLLM -> vllm-v0)
+    for title, key in (("engine that ran", lambda r: engine_family(by_id[r["case"]])),
+                       ("load", lambda r: "offline (rate inf)" if r["rate"] == "inf" else "Poisson arrivals"),
+                       ("metric", lambda r: metric_class(r["metric"])),
+                       ("GPU", lambda r: r["sim_gpu"])):
+        for name, n, mabs, med, within in _group_stats(rows, key):
+            L.append(f"| {title}: {name} | {n} | {mabs:.1f}% | {med:+.1f}% | {within:.0f}% |")
+    # ---- full-load study
+    if toggles:
+        L.append("")
+        L.append("## Full load: offline throughput and the costs that grow with it")
+        L.append("")
+        L.append("Each offline case (rate inf) re-run with one cost switched (the rest as in the case). Columns: "
+                 "the real throughput, PipeSim's as the case runs (error), then each toggle's change of the "
+                 "simulated throughput in % of the case's own run. Toggles:")
+        L.append("")
+        for name, (what, engines) in TOGGLES.items():
+            L.append(f"- **{name}**: {what}{' (' + ', '.join(engines) + ' only)' if engines else ''}.")
+        L.append("")
+        names = list(TOGGLES)
+        L.append("| case | engine | metric | real | PipeSim | error | " + " | ".join(names) + " |")
+        L.append("|---|---|---|---:|---:|---:|" + "---:|" * len(names))
+        for c in ran:
+            if c["id"] not in toggles:
+                continue
+            key = throughput_key(c)
+            base = sims[c["id"]][key]
+            real = c["real"][key]
+            cells = []
+            for n in names:
+                m = toggles[c["id"]].get(n)
+                cells.append("" if m is None else f"{(m[key] - base) / base * 100:+.1f}%")
+            L.append(f"| {c['id']} | {c['sim']['engine']} | {key.replace('_throughput', '')} ({METRICS[key][0]}) | "
+                     f"{fmt(real)} | {fmt(base)} | {error_pct(real, base):+.1f}% | " + " | ".join(cells) + " |")
+        L.append("")
+        errs = {c["id"]: error_pct(c["real"][throughput_key(c)], sims[c["id"]][throughput_key(c)])
+                for c in ran if c["id"] in toggles}
+        L.append(f"Offline throughput error over these {len(errs)} cases: median {_median(list(errs.values())):+.1f}%, "
+                 f"median |error| {_median([abs(e) for e in errs.values()]):.1f}%; above +10% (optimistic): "
+                 + (", ".join(f"{k} ({v:+.1f}%)" for k, v in errs.items() if v > 10) or "none")
+                 + "; below -10% (pessimistic): "
+                 + (", ".join(f"{k} ({v:+.1f}%)" for k, v in errs.items() if v < -10) or "none") + ".")
+        L.append("")
+        L.append("Median effect of each toggle over these cases (and its range): "
+                 + "; ".join(f"{n} {_median(eff):+.1f}% ({min(eff):+.1f} to {max(eff):+.1f})"
+                             for n in names for eff in [[(toggles[cid][n][throughput_key(by_id[cid])]
+                                                          - sims[cid][throughput_key(by_id[cid])])
+                                                         / sims[cid][throughput_key(by_id[cid])] * 100
+                                                         for cid in toggles if n in toggles[cid]]] if eff) + ".")
+        L.append("")
+        L.append("KV pool and batch of the offline runs (as each case runs):")
+        L.append("")
+        L.append("| case | KV pool (tokens) | KV peak | max running | retractions / preemptions | simulated requests | "
+                 "simulated in / out tokens |")
+        L.append("|---|---:|---:|---:|---:|---:|---:|")
+        for c in ran:
+            if c["id"] not in toggles:
+                continue
+            m = sims[c["id"]]
+            L.append(f"| {c['id']} | {m['kv_capacity_tokens']} | {m['kv_peak_tokens']} | {m['max_running_requests']} "
+                     f"| {m['num_retractions']} | {m['num_requests']} | {m['total_input_tokens']} / "
+                     f"{m['total_output_tokens']} |")
+    # ---- per-case notes
+    L.append("")
+    L.append("## Cases")
+    for c in ran:
+        m = sims[c["id"]]
+        L.append("")
+        L.append(f"### {c['id']}: {c['title']}")
+        L.append("")
+        L.append(f"- source: {c['source']}")
+        L.append(f"- ran: {c['real_engine']}; GPU {c['gpu']}; model {c['model']}, TP{c['tp']}")
+        L.append(f"- server: `{c['server']}`")
+        L.append(f"- client: `{c['client']}`")
+        sched = ", ".join(f"{k} = {json.dumps(v)}" for k, v in c["sim"].get("scheduler", {}).items())
+        L.append(f"- PipeSim: engine `{c['sim']['engine']}` ({c['sim']['engine_note']}); `{c['sim']['profile']}`; "
+                 f"{sched}")
+        wl = c["workload"]
+        desc = {"sharegpt": "PipeSim's ShareGPT length model", "log": f"the log's own lengths ({wl.get('file')})",
+                "uniform": f"input U{wl.get('input_range')}, output U{wl.get('output_range')}",
+                "fixed": f"fixed {wl.get('input')} in / {wl.get('output')} out"}[wl["source"]]
+        rate = "all at t = 0" if wl["rate"] == "inf" else f"Poisson {wl['rate']} req/s"
+        plural = "s" if m["num_requests"] != 1 else ""
+        L.append(f"- workload: {desc}, {m['num_requests']} request{plural}, {rate}; simulated totals "
+                 f"{m['total_input_tokens']} in / {m['total_output_tokens']} out; "
+                 f"KV pool {m['kv_capacity_tokens']} tokens "
+                 f"(peak {m['kv_peak_tokens']}), {m['num_retractions']} retractions/preemptions, status {m['status']}")
+        L.append("- what differs: " + "; ".join(c.get("differs", [])))
+    if only:
+        L.append("")
+        L.append("(a partial run: `--only`)")
+    path.write_text("\n".join(L) + "\n")
+
+
+# ------------------------------------------------------------------------------------------- main
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    ap.add_argument("--quick", action="store_true", help=f"at most {QUICK_REQUESTS} requests a case; no toggles")
+    ap.add_argument("--only", default=None, help="comma-separated case ids (e.g. B7,B8)")
+    ap.add_argument("--out", default=None, help="output folder (default: experiments/validation/ for the full run, "
+                                                "runs/validation[-quick]/ otherwise)")
+    ap.add_argument("--jobs", type=int, default=2, help="worker processes (default 2)")
+    ap.add_argument("--no-toggles", action="store_true", help="skip the full-load study")
+    ap.add_argument("--extract", action="append", default=[], metavar="ID=FILE",
+                    help="re-derive data/<ID>.csv from the original vLLM result JSON")
+    ap.add_argument("--check-data", action="store_true", help="check the data files against cases.toml and exit")
+    args = ap.parse_args(argv)
+
+    cases = load_cases()
+    by_id = case_by_id(cases)
+    if args.extract:
+        return cmd_extract(args.extract, by_id)
+    problems = check_data(cases)
+    if args.check_data:
+        print("\n".join(problems) if problems else f"data files agree with {CASES_FILE.name}")
+        return 1 if problems else 0
+    if problems:
+        raise SystemExit("data files disagree with cases.toml:\n" + "\n".join(problems))
+    if args.only:
+        wanted = [s.strip() for s in args.only.split(",") if s.strip()]
+        unknown = [w for w in wanted if w not in by_id]
+        if unknown:
+            raise SystemExit(f"--only: unknown case(s) {', '.join(unknown)}; known: {', '.join(by_id)}")
+        cases = [c for c in cases if c["id"] in wanted]
+    partial = bool(args.only) or args.quick
+    if args.out:
+        out = Path(args.out)
+    elif partial:
+        out = REPO / "runs" / ("validation-quick" if args.quick else "validation")
+    else:
+        out = HERE
+    out.mkdir(parents=True, exist_ok=True)
+
+    jobs: list[tuple[str, str | None, bool]] = [(c["id"], None, args.quick) for c in cases]
+    if not args.quick and not args.no_toggles:
+        jobs += [(c["id"], t, False) for c in cases if in_full_load_study(c) for t in toggles_for(c)]
+    # the longest runs first, so two workers finish together
+    weight = {c["id"]: (c["workload"].get("num_requests") or 320) * (10 if c["tp"] > 1 else 1) for c in cases}
+    order = sorted(range(len(jobs)), key=lambda i: -weight[jobs[i][0]])
+    t0 = time.perf_counter()
+    n = max(1, min(args.jobs, os.cpu_count() or 1))
+    results: dict[int, tuple] = {}
+    if n == 1:
+        for i in order:
+            results[i] = simulate(jobs[i])
+    else:
+        with ProcessPoolExecutor(max_workers=n) as ex:
+            futs = {i: ex.submit(simulate, jobs[i]) for i in order}
+            for i, fut in futs.items():
+                results[i] = fut.result()
+    wall = time.perf_counter() - t0
+    sims: dict[str, dict] = {}
+    toggles: dict[str, dict] = {}
+    for i in range(len(jobs)):
+        cid, toggle, metrics = results[i]
+        if toggle is None:
+            sims[cid] = metrics
+        else:
+            toggles.setdefault(cid, {})[toggle] = metrics
+    rows = report_rows(cases, sims)
+    write_csv(rows, out / "report.csv")
+    write_report(cases, sims, toggles, rows, out / "report.md", args.quick, bool(args.only))
+    failed = [f"{cid}: {m.get('reason', m['status'])}" for cid, m in sims.items() if m["status"] != "ok"]
+    for line in failed:
+        print(f"warning: run not ok: {line}", file=sys.stderr)
+    print(f"{len(cases)} cases, {len(jobs)} runs in {wall:.1f} s on {n} worker(s); wrote {out / 'report.md'} "
+          f"and {out / 'report.csv'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,99 @@
+"""The validation suite (experiments/validation/): its runner's output and that the committed report
+is regenerable. Two of the smallest cases (B7, B8: 10 requests each, vLLM result files on A100 and
+H100) are run afresh and must give the committed report.csv's simulated values exactly (the
+simulator is deterministic for a seed, compiled or pure); the data files must agree with the case
+table and be what the runner's extraction writes."""
+
+from __future__ import annotations
+
+import csv
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+VALIDATION = REPO / "experiments" / "validation"
+RUNNER = VALIDATION / "run.py"
+SMALL = ("B7", "B8")
+
+
+def _runner():
+    spec = importlib.util.spec_from_file_location("validation_run", RUNNER)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _need_data():
+    missing = [p for p in (VALIDATION / "data" / f"{c}.csv" for c in SMALL) if not p.is_file()]
+    if missing:
+        pytest.skip(f"validation data file(s) missing: {', '.join(str(p.relative_to(REPO)) for p in missing)} "
+                    f"(re-derive with: python experiments/validation/run.py --extract ID=FILE)")
+
+
+def _rows(path: Path) -> list[dict]:
+    with open(path, newline="") as fh:
+        return list(csv.DictReader(fh))
+
+
+def test_case_table_is_complete():
+    run = _runner()
+    cases = run.load_cases()
+    assert len(cases) >= 10
+    gpus = {run.sim_gpu(c) for c in cases}
+    assert {"A100-80GB SXM", "H100-80GB SXM"} <= gpus
+    assert {run.engine_family(c) for c in cases} >= {"SGLang", "vLLM"}
+    for c in cases:
+        for key in ("id", "title", "source", "real_engine", "server", "client", "gpu", "model", "tp", "differs",
+                    "differs_short", "sim", "workload", "real"):
+            assert key in c, (c.get("id"), key)
+        assert (REPO / c["sim"]["profile"]).is_dir(), c["sim"]["profile"]
+        assert c["real"], c["id"]
+
+
+def test_data_files_agree_with_the_case_table_and_the_extraction():
+    _need_data()
+    run = _runner()
+    cases = run.load_cases()
+    assert run.check_data(cases) == []
+    for case in cases:
+        wl = case["workload"]
+        if wl["source"] != "log" or not (VALIDATION / wl["file"]).is_file():
+            continue
+        path = VALIDATION / wl["file"]
+        agg, ins, outs, source = run.read_log_data(path)
+        assert source == case["source"]
+        # the file is exactly what --extract writes from a result file with these fields
+        record = dict(agg, input_lens=ins, output_lens=outs, ttfts=[0.0] * len(ins))
+        assert run.extract_log(record, case["source"]) == path.read_text()
+
+
+def test_two_small_cases_regenerate_the_committed_report(tmp_path):
+    _need_data()
+    committed = VALIDATION / "report.csv"
+    if not committed.is_file():
+        pytest.skip("experiments/validation/report.csv not generated yet (python experiments/validation/run.py)")
+    cmd = [sys.executable, str(RUNNER), "--only", ",".join(SMALL), "--no-toggles", "--jobs", "1",
+           "--out", str(tmp_path)]
+    proc = subprocess.run(cmd, check=False, cwd=REPO, env=dict(os.environ), capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    run = _runner()
+    fresh = _rows(tmp_path / "report.csv")
+    assert list(fresh[0]) == list(run.COLUMNS)
+    by_id = run.case_by_id(run.load_cases())
+    for cid in SMALL:
+        got = [r for r in fresh if r["case"] == cid]
+        assert [r["metric"] for r in got] == list(by_id[cid]["real"])
+        for r in got:
+            assert r["real"] and r["simulated"] and r["error_pct"]
+            real, sim = float(r["real"]), float(r["simulated"])
+            assert abs(float(r["error_pct"]) - (sim - real) / real * 100) < 0.1
+    old = {(r["case"], r["metric"]): r["simulated"] for r in _rows(committed) if r["case"] in SMALL}
+    new = {(r["case"], r["metric"]): r["simulated"] for r in fresh}
+    assert new == old, "the committed report.csv is stale: rerun python experiments/validation/run.py"
+    md = (tmp_path / "report.md").read_text()
+    assert "| B7 |" in md and "| B8 |" in md and "(a partial run: `--only`)" in md
