@@ -10,7 +10,9 @@ Run: `python benchmarks/engine.py [--quick] [--repeats N] [--baseline REF] [--po
 `--engines` times the serving engines' schedulers (sim/engine/schedulers/) side by side on the
 same points and prints each one's wall time over FastPP's (the issue's bound: 1.5x): PP=4 for
 fastpp, sglang and vllm-v1; TP=4 for all four (vllm-v0 runs pp = 1 only, with its own budget,
-max(context, 2048): its steps are whole prompts).
+max(context, 2048): its steps are whole prompts); and PP=4 on the shared-system-prompt workload,
+where the prefix caches are on and hit. `--rounds N` repeats them all N times in alternation and
+prints medians.
 
 `--policies` times, instead, the dynamic chunk controllers on an overloaded server (the runs a
 goodput search makes just above the goodput, where the waiting queue grows to thousands):
@@ -51,6 +53,12 @@ LAYOUTS = {
 POLICY_LAYOUTS = ("DCP_pred", "DCP_pred+DS")  # `--policies`: schemes on azure-conv (sim.core.schemes)
 
 
+# `--engines` also times a prefix-reuse point: the shipped shared-system-prompt workload (90% of
+# prompts behind one of 4 system prompts of 1,024 tokens), where SGLang's radix cache and vLLM's
+# block hash chain are on (their defaults) and do their work every step.
+PREFIX_WORKLOAD = "shared-system-prompt"
+
+
 def _table(layout: str, num: int, rate: float, engine: str | None = None) -> dict:
     if layout in POLICY_LAYOUTS:
         import os
@@ -62,8 +70,10 @@ def _table(layout: str, num: int, rate: float, engine: str | None = None) -> dic
                             seed=1)
     import copy
 
-    table = {"seed": 1, **copy.deepcopy(LAYOUTS[layout]),
-             "workload": {"name": "azure-conv-synth", "rate_rps": rate, "num_requests": num}}
+    base, _, variant = layout.partition(" ")
+    wl = PREFIX_WORKLOAD if variant == "prefix" else "azure-conv-synth"
+    table = {"seed": 1, **copy.deepcopy(LAYOUTS[base]),
+             "workload": {"name": wl, "rate_rps": rate, "num_requests": num}}
     if engine is not None:
         table["scheduler"]["engine"] = engine
         if engine == "vllm-v0":
@@ -143,21 +153,46 @@ def compare(ref: str, points: list[tuple], rounds: int) -> list[dict]:
     return rows
 
 
-def engines_table(num: int, rates: list[float], repeats: int) -> None:
+ENGINE_POINTS = (("PP=4", ("fastpp", "sglang", "vllm-v1")), ("TP=4", ("fastpp", "sglang", "vllm-v1", "vllm-v0")),
+                 ("PP=4 prefix", ("fastpp", "sglang", "vllm-v1")))
+
+
+def engines_table(num: int, rates: list[float], repeats: int, rounds: int = 1) -> None:
+    """Each engine's wall time over FastPP's on the same point, measured `rounds` times in
+    alternation (a busy spell slows every engine of a round alike); the table shows each
+    engine's median wall time and the median and range of its per-round ratios."""
+    import statistics
+
     import pandas as pd
 
     rows = []
-    for layout, engines in (("PP=4", ("fastpp", "sglang", "vllm-v1")), ("TP=4", ("fastpp", "sglang", "vllm-v1", "vllm-v0"))):
-        for rate in rates:
-            base = None
-            for eng in engines:
-                res = bench(layout, num, rate, repeats if num <= 400 else 1, eng)
-                base = res["wall_s"] if eng == "fastpp" else base
-                res["vs_fastpp"] = round(res["wall_s"] / base, 2)
-                rows.append(res)
-                print(res, flush=True)
-    print(pd.DataFrame(rows)[["scheduler", "layout", "requests", "rate_rps", "status", "wall_s", "iterations",
-                              "requests_per_s", "vs_fastpp"]].to_string(index=False))
+    for rnd in range(rounds):
+        for layout, engines in ENGINE_POINTS:
+            for rate in rates:
+                base = None
+                for eng in engines:
+                    res = bench(layout, num, rate, repeats if num <= 400 else 1, eng)
+                    base = res["wall_s"] if eng == "fastpp" else base
+                    res["vs_fastpp"] = round(res["wall_s"] / base, 2)
+                    rows.append({**res, "round": rnd})
+                    print(rows[-1], flush=True)
+    df = pd.DataFrame(rows)
+    keys = ["scheduler", "layout", "requests", "rate_rps"]
+    out = df.groupby(keys, sort=False).agg(
+        status=("status", lambda x: ",".join(sorted(set(x)))), wall_s=("wall_s", statistics.median),
+        iterations=("iterations", "first"), vs_fastpp=("vs_fastpp", statistics.median),
+        vs_min=("vs_fastpp", "min"), vs_max=("vs_fastpp", "max")).reset_index()
+    out["requests_per_s"] = (out["requests"] / out["wall_s"]).round().astype(int)
+    # the simulator's own speed: a point where an engine's server takes more (smaller) steps, e.g.
+    # because prefix hits make its steps shorter, costs more wall time for the same requests
+    out["us_per_iter"] = (1e6 * out["wall_s"] / out["iterations"]).round(1)
+    base = out[out["scheduler"] == "fastpp"].set_index(["layout", "rate_rps"])["us_per_iter"]
+    out["per_iter_vs_fastpp"] = [round(u / base[(lay, r)], 2)
+                                 for u, lay, r in zip(out["us_per_iter"], out["layout"], out["rate_rps"])]
+    print(f"median of {rounds} round(s); vs_fastpp = the engine's wall time over FastPP's in the same round")
+    print(out[keys + ["status", "wall_s", "iterations", "requests_per_s", "vs_fastpp", "vs_min", "vs_max",
+               "us_per_iter", "per_iter_vs_fastpp"]]
+          .to_string(index=False))
 
 
 def main() -> None:
@@ -169,6 +204,7 @@ def main() -> None:
     ap.add_argument("--layout", choices=list(LAYOUTS), action="append", help="layouts (default both)")
     ap.add_argument("--engines", action="store_true",
                     help="time the engines' schedulers side by side (ratio to fastpp)")
+    ap.add_argument("--rounds", type=int, default=1, help="with --engines: rounds of every engine, in alternation")
     ap.add_argument("--policies", action="store_true",
                     help="time DCP_pred and DCP_pred+DS on an overloaded azure-conv server instead")
     args = ap.parse_args()
@@ -184,7 +220,7 @@ def main() -> None:
     import pandas as pd
 
     if args.engines:
-        engines_table(sizes[-1], args.rate or [4.0], args.repeats)
+        engines_table(sizes[-1], args.rate or [4.0], args.repeats, args.rounds)
         return
 
     rows = []
