@@ -110,8 +110,8 @@ def pool_sizes(cfg: RunConfig, latency, eng=None, settings: EngineSettings | Non
             kv -= eng.kv_reserved_tokens(settings, latency, hw)
     if kv <= 0:
         raise ConfigError(f"config [scheduler] mem_fraction = {frac}: the model does not fit in GPU "
-                          f"memory at pp = {cfg.parallel.pp}, tp = {cfg.parallel.tp} (KV pool <= 0 tokens); "
-                          f"allowed: a larger mem_fraction (<= 1), pp or tp")
+                          f"memory at pp = {cfg.parallel.pp}, tp = {cfg.parallel.tp} (profile {cfg.latency.profile}: "
+                          f"KV pool <= 0 tokens); allowed: a larger mem_fraction (<= 1), pp or tp")
     max_num_reqs = min(max(int(kv / sc.context_length_tokens * 512), 2048), 4096)
     if settings is not None and settings.engine.startswith("vllm"):
         max_running = settings.max_running  # max_num_seqs: a count limit, not derived from the pool
