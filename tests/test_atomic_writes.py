@@ -236,3 +236,44 @@ def test_no_direct_writes_outside_fsio():
                 found.append(f"{rel}:{i}: {line.strip()}")
     assert found == [], "write through sim/core/fsio.py (atomic), or list the file in DIRECT_WRITERS:\n" + \
         "\n".join(found)
+
+
+# ---------------------------------------------------------------- the profile cache, filled by several workers
+
+def test_commit_if_absent_keeps_the_first_complete_folder(tmp_path):
+    out = tmp_path / "tp2"
+    first = fsio.StagedFolder(out)
+    (first.path / "meta.toml").write_text("first")
+    first.commit_if_absent("meta.toml")
+    second = fsio.StagedFolder(out)  # (another worker that built the same profile meanwhile)
+    (second.path / "meta.toml").write_text("second")
+    assert second.commit_if_absent("meta.toml") == out
+    assert (out / "meta.toml").read_text() == "first" and not second.path.exists()
+    # an incomplete folder (no meta.toml) is replaced
+    (out / "meta.toml").unlink()
+    (out / "layer_nonattn.csv").write_text("cut")
+    third = fsio.StagedFolder(out)
+    (third.path / "meta.toml").write_text("third")
+    third.commit_if_absent("meta.toml")
+    assert sorted(p.name for p in out.iterdir()) == ["meta.toml"] and (out / "meta.toml").read_text() == "third"
+
+
+def _resolve_in_worker(_):
+    from sim.latency.profiled import Profile
+    from sim.profiling.library import resolve_profile
+
+    path = resolve_profile("qwen2.5-7b", "a40-48gb", 2, "pcie-p2p-disabled")  # not shipped: built into the cache
+    Profile.load(path)
+    return str(path)
+
+
+def test_workers_building_one_cached_profile_at_once_all_get_it(tmp_path, monkeypatch):
+    import multiprocessing as mp
+
+    monkeypatch.setenv("PIPESIM_CACHE", str(tmp_path))
+    with mp.get_context("spawn").Pool(4) as pool:
+        paths = set(pool.map(_resolve_in_worker, range(8)))
+    assert len(paths) == 1
+    folder = Path(paths.pop())
+    assert folder.is_relative_to(tmp_path)
+    assert sorted(p.name for p in folder.parent.iterdir()) == ["tp2"]  # no staging folder left behind

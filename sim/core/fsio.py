@@ -179,6 +179,19 @@ class StagedFolder:
             shutil.rmtree(old, ignore_errors=True)
         return self.out
 
+    def commit_if_absent(self, complete: str) -> Path:
+        """Swap the staging folder in unless `out` already holds a complete folder (one with the
+        file `complete`); then discard it and keep `out`. For writers that build the same content
+        (a profile cache that several sweep workers fill at once): the first complete folder wins
+        and is never moved under a reader. An incomplete `out` is replaced as `commit` does."""
+        try:
+            os.rename(self.path, self.out)  # (fails on an existing non-empty folder)
+        except OSError:
+            if not (self.out / complete).is_file():
+                return self.commit()
+            self.discard()
+        return self.out
+
     def discard(self) -> None:
         shutil.rmtree(self.path, ignore_errors=True)
 

@@ -194,9 +194,11 @@ def render_attention_csv(pre: dict, dec: dict) -> str:
 
 
 def build_profile(model: ModelArch, gpu: GpuSpec, ic: Interconnect, tp: int, out: str | Path,
-                  compact: bool = False):
+                  compact: bool = False, replace: bool = True):
     """Write a built profile to `out` and return the loaded `Profile`. `compact` (the shipped library)
-    writes only the linear and total columns of layer_nonattn.csv; the timing is the same."""
+    writes only the linear and total columns of layer_nonattn.csv; the timing is the same.
+    `replace=False` (the profile cache): keep `out` if another process has written it meanwhile
+    (the same inputs build the same profile), so concurrent builds never move a folder a reader uses."""
     from sim.latency.profiled import Profile
 
     model.check_tp(tp)
@@ -289,7 +291,10 @@ def build_profile(model: ModelArch, gpu: GpuSpec, ic: Interconnect, tp: int, out
         fsio.write_text(staged.path / "attention.csv", render_attention_csv(pre, dec))
         fsio.write_text(staged.path / "meta.toml", text)
         check_staged(staged)
-        staged.commit()
+        if replace:
+            staged.commit()
+        else:
+            staged.commit_if_absent("meta.toml")
     return Profile.load(out)
 
 

@@ -50,7 +50,7 @@ def resolve_profile(model: str, gpu: str, tp: int, interconnect: str | None) -> 
     arch.check_tp(tp, where="tp")
     cached = built_dir(cache_root(), spec, ic, model, tp)
     if not (cached / "meta.toml").is_file():
-        build_profile(arch, spec, load_interconnect(ic), tp, cached)
+        build_profile(arch, spec, load_interconnect(ic), tp, cached, replace=False)
     return cached
 
 
