@@ -117,3 +117,43 @@ def test_an_empty_timeline_window_is_said(tmp_path):
     code, _, err = invoke(["run", DEFAULT, *SMALL, "--timeline", "--window", "5000:5001", "--out", str(out)])
     assert code == 0
     said(err, out, "--window 5000:5001", "no iteration")
+
+
+# ------------------------------------------------ studies: the reader's lines once, before the runs
+
+def _burst(tmp_path: Path) -> Path:
+    rows = ["Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type"]
+    rows += [f"{i},ChatGPT,{100 + i},{0 if i in (2, 5) else 20},{120 + i},Conversation log" for i in range(30)]
+    trace = tmp_path / "burst.csv"
+    trace.write_text("\n".join(rows) + "\n")
+    return trace
+
+
+def _said_once(err: str, *needles: str) -> None:
+    hits = [ln for ln in err.splitlines() if ln.startswith("ppsim: warning:") and all(n in ln for n in needles)]
+    assert len(hits) == 1, err
+
+
+def test_goodput_and_gate_say_what_the_reader_changed_once(tmp_path):
+    trace = _burst(tmp_path)
+    wl = f'workload={{kind="trace", file="{trace}", drop_failed=true, rate_rps=1.0}}'
+    code, _, err = invoke(["goodput", DEFAULT, "--set", wl, "--rates", "1:2", "--out", str(tmp_path / "g"),
+                           "--no-progress"])
+    assert code == 0, err
+    _said_once(err, str(trace), "2 failed row(s) of 30", "dropped")
+    code, _, err = invoke(["gate", DEFAULT, "--set", wl, "--baseline", "engine:fastpp", "--candidate",
+                           "engine:vllm-v1", "--metric", "p90_ttft", "--expect", "no-worse", "--seeds", "2",
+                           "--no-progress"])
+    assert code in (0, 1), err  # (the verdict is not the point here)
+    _said_once(err, str(trace), "2 failed row(s) of 30", "dropped")
+
+
+def test_plan_says_what_the_reader_changed_and_keeps_it_in_plan_json(tmp_path):
+    trace = _burst(tmp_path)
+    out = tmp_path / "p"
+    code, _, err = invoke(["plan", "--model", "qwen2.5-32b", "--gpus", "1", "--gpu", "a100-sxm-80gb", "--trace",
+                           str(trace), "--set", "workload.drop_failed=true", "--quick", "--seeds", "1", "--out",
+                           str(out), "--no-progress"])
+    assert code == 0, err
+    _said_once(err, str(trace), "2 failed row(s) of 30", "dropped")
+    assert any("2 failed row(s) of 30" in w for w in json.loads((out / "plan.json").read_text())["workload_warnings"])

@@ -59,3 +59,17 @@ def jobs(text: str) -> int:
         print(f"ppsim: warning: --jobs {n} capped at this machine's {cores} cores", file=sys.stderr)
         return cores
     return n
+
+
+def say_workload_changes(table, seed: int = 1) -> list[str]:
+    """Print what the workload's reader changed of its input (rows or conversations skipped,
+    dropped or cut: sim.workloads.build_workload_said), one warning line each, once before a
+    study: its runs build the workload in worker processes, where nobody hears it."""
+    import sys
+
+    from sim.workloads import build_workload_said
+
+    _, changed = build_workload_said(table, seed=seed)
+    for text in changed:
+        print(f"ppsim: warning: {text}", file=sys.stderr, flush=True)
+    return changed

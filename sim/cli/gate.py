@@ -177,8 +177,10 @@ def run_gate(args) -> dict:
     sides = [side_table(args.baseline, base, "--baseline"), side_table(args.candidate, base, "--candidate")]
     seeds = [cfg.seed + i for i in range(args.seeds)]
     workloads = workload_tables(base, args.workload)
+    from sim.cli.common import say_workload_changes
+
     for name, wl in workloads:
-        config_from_table(dict(base, workload=wl), f"--workload {name}")
+        say_workload_changes(config_from_table(dict(base, workload=wl), f"--workload {name}").workload, seed=cfg.seed)
     runner = Runner(None, jobs=args.jobs, executor=args.executor, address=args.address,
                     progress=not args.no_progress)
     values: dict[tuple[str, int, int], float | None] = {}  # (workload, side, seed) -> value

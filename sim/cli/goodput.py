@@ -64,6 +64,9 @@ def cmd_goodput(args) -> int:
 
     base = add_to_table(base, args.plugin)  # carried to the workers
     cfg = config_from_table(base, args.config)  # validates the config and the overrides
+    from sim.cli.common import say_workload_changes
+
+    say_workload_changes(cfg.workload, seed=cfg.seed)
     from sim.engine.schedulers import engine as engine_of
 
     engine_of(cfg.scheduler.engine)

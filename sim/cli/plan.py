@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 from sim.cli.common import SEEDS, float_in, int_in, jobs
 from sim.core import fsio
@@ -147,6 +148,8 @@ def cmd_plan(args) -> int:
         "seed": f"1-{args.seeds} (paired)" if args.seeds > 1 else "1", "slo": slo_text,
     }), flush=True)
     df, meta = run_plan(args)
+    for text in meta.get("workload_warnings", []):  # (heard once in run_plan; the runs' workers are silent)
+        print(f"ppsim: warning: {text}", file=sys.stderr, flush=True)
     mode, slo = meta["mode"], slo_from_specs(args.slo, SLO(ttft_ms=args.slo_ttft_ms, tpot_ms=args.slo_tpot_ms))
     fsio.write_frame(df, out / "plan.csv", index=False, float_format="%.6g")
     doc = {**meta, "candidates": [{k: _jsonable(v) for k, v in r.items()} for r in df.to_dict("records")]}

@@ -651,7 +651,7 @@ def run_cluster_plan(args) -> tuple[pd.DataFrame, dict]:
     meta = {"mode": "rate", "model": args.model, "gpus": args.max_gpus, "max_gpus": args.max_gpus,
             "gpus_per_node": args.gpus_per_node, "network": args.network, "gpu": fam.name,
             "slo": slo.describe(), "seeds": len(seeds), "rate_rps": load.rate_rps, "load": load.note,
-            "interconnect_notes": [], "tokens_per_request": tokens["total"], "output_tokens_per_request":
+            "workload_warnings": list(load.changes), "interconnect_notes": [], "tokens_per_request": tokens["total"], "output_tokens_per_request":
             tokens["output"], "pruned": plan.pruned, "kv_transfer": args.kv_transfer,
             "first_token": args.first_token, "policies": list(args.policies),
             "rule": "fewest GPUs meeting the SLOs on every seed, then cost at its goodput"}

@@ -69,7 +69,7 @@ from sim.latency.profiled import Profile, ProfiledLatencyModel, kv_capacity_toke
 from sim.core.slo import SLO, slo_from_specs  # noqa: E402
 from sim.studies.sweep import Runner, Search, goodput_searches, mean_ci, meets_slo, with_rate  # noqa: E402
 from sim.studies.verdict import family, rank, verdict  # noqa: E402
-from sim.workloads import build_workload, resolve_workload  # noqa: E402
+from sim.workloads import build_workload, build_workload_said, resolve_workload  # noqa: E402
 
 INTERCONNECTS = {"pcie": "a100-pcie-40gb", "nvlink": "a100-sxm-80gb-nvswitch"}
 POLICIES = {
@@ -255,6 +255,7 @@ class PlanLoad:
     timestamped: bool  # replayed at recorded (possibly scaled) times: no rate knob
     rate_rps: float | None  # the load of rate mode (None: goodput mode)
     note: str
+    changes: tuple[str, ...] = ()  # what the workload's reader changed of its input (build_workload_said)
 
 
 def _mean_rate(reqs) -> float:
@@ -276,23 +277,26 @@ def plan_load(args, overrides: dict) -> PlanLoad:
         table["num_requests"] = min(int(merged.get("num_requests", 150) or 150), 150)
     if args.rate is not None and not args.rate > 0:
         raise ConfigError(f"--rate must be > 0 req/s, got {args.rate}")
+    # built once here to hear what its reader changed (the candidates' runs build it in workers)
+    reqs, changes = build_workload_said(table, seed=1)
     if not timestamped:
         if args.rate is None:
-            return PlanLoad(table, False, None, f"workload {args.workload}: goodput search over Poisson rates")
+            return PlanLoad(table, False, None, f"workload {args.workload}: goodput search over Poisson rates",
+                            tuple(changes))
         table["rate_rps"] = float(args.rate)
         return PlanLoad(table, False, float(args.rate), f"workload {table.get('name', 'trace')}: Poisson arrivals "
-                                                        f"at {args.rate:g} req/s")
+                                                        f"at {args.rate:g} req/s", tuple(changes))
     # NOTE: a timestamped trace keeps its arrival times; --rate only rescales them.
-    reqs = build_workload(table, seed=1)
     own = _mean_rate(reqs)
     src = args.trace or args.workload
     if args.rate is None:
         return PlanLoad(table, True, own, f"{src}: {len(reqs)} requests replayed at their timestamps "
-                                          f"(mean {own:.3g} req/s)")
+                                          f"(mean {own:.3g} req/s)", tuple(changes))
     speedup = float(merged.get("timestamp_speedup", 1.0)) * args.rate / own
     table["timestamp_speedup"] = speedup
     return PlanLoad(table, True, float(args.rate), f"{src}: {len(reqs)} requests replayed at their timestamps "
-                                                   f"scaled by {speedup:.3g} (mean {own:.3g} -> {args.rate:g} req/s)")
+                                                   f"scaled by {speedup:.3g} (mean {own:.3g} -> {args.rate:g} req/s)",
+                    tuple(changes))
 
 
 def _output_tokens(table: dict, context: int = CONTEXT_TOKENS) -> float:
@@ -561,6 +565,7 @@ def run_plan(args) -> tuple[pd.DataFrame, dict]:
     df["warnings"] = [_warnings(r, mode) for r in df.to_dict("records")]
     meta = {"mode": mode, "model": args.model, "gpus": args.gpus, "slo": slo.describe(), "seeds": len(seeds),
             "rate_rps": load.rate_rps, "load": load.note, "interconnect_notes": notes,
+            "workload_warnings": list(load.changes),
             "tokens_per_request": tokens, "output_tokens_per_request": _output_tokens(load.table),
             "gpus_per_node": gpn, "network": network if args.gpus > gpn else None,
             "rule": ("lowest cost per million requests at its goodput among those meeting the SLOs on every seed, "

@@ -263,7 +263,7 @@ def validate(log_path, workload: str | None, config_path, overrides: list[str], 
     from sim.outputs.context import describe, format_header
     from sim.engine.run import run
     from sim.outputs.metrics import summarize
-    from sim.workloads import build_workload
+    from sim.workloads import build_workload_said
 
     path = Path(log_path)
     rows = []
@@ -281,13 +281,15 @@ def validate(log_path, workload: str | None, config_path, overrides: list[str], 
             cfg = load_config(config_path, list(overrides) + [f'workload.name="{workload}"',
                                                               f"workload.num_requests={real['completed']}",
                                                               f"workload.rate_rps={rate}"])
-            requests = build_workload(cfg.workload, seed=cfg.seed)
+            requests, changed = build_workload_said(cfg.workload, seed=cfg.seed)
         else:
-            requests = log_requests(real, cfg.seed)
+            requests, changed = log_requests(real, cfg.seed), []
         ctx = describe(cfg, requests)
         ctx["workload"], ctx["rate"] = assumptions(real, path, workload)
         ctx["engine"] += f"; chosen by {why}"
         echo(format_header({"bench log": f"{path} line {real['line']}", **ctx}))
+        for text in changed:  # what the workload's reader changed of its input
+            echo(f"warning: {text}")
         result = run(cfg, requests)
         rows += compare(real, summarize(result))
     return pd.DataFrame(rows)
