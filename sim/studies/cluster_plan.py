@@ -581,18 +581,6 @@ def cluster_verdict(df: pd.DataFrame, rate: float, slo_text: str, max_gpus: int,
     return " ".join(text)
 
 
-def mean_tokens(table: dict, context: int = CONTEXT_TOKENS) -> dict[str, float]:
-    """The workload's mean prompt, output and total tokens per request (each request clipped to the context)."""
-    from sim.workloads import build_workload
-
-    reqs = build_workload(table, seed=1)
-    if not reqs:
-        return {"prompt": 0.0, "output": 0.0, "total": 0.0}
-    p = np.array([min(r.prompt_tokens, context) for r in reqs], dtype=float)
-    t = np.array([min(r.prompt_tokens + r.output_tokens, context) for r in reqs], dtype=float)
-    return {"prompt": float(p.mean()), "output": float((t - p).mean()), "total": float(t.mean())}
-
-
 def run_cluster_plan(args) -> tuple[pd.DataFrame, dict]:
     """`ppsim plan --rate R --max-gpus N` (module docstring): the plan table (ranked) and its metadata."""
     from sim.core.config import parse_override
@@ -634,7 +622,7 @@ def run_cluster_plan(args) -> tuple[pd.DataFrame, dict]:
     seeds = list(range(1, args.seeds + 1))
     runner = Runner(out / "cache.jsonl", jobs=args.jobs, executor=args.executor, address=args.address,
                     progress=not args.no_progress)
-    tokens = mean_tokens(load.table)
+    tokens = load.tokens
     shapes, dropped = shapes_of(fam, args.model, args.max_gpus, args.gpus_per_node, tuple(args.pp),
                                 tuple(args.tp) if getattr(args, "tp", None) else None)
     if not shapes:

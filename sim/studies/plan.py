@@ -69,7 +69,7 @@ from sim.latency.profiled import Profile, ProfiledLatencyModel, kv_capacity_toke
 from sim.core.slo import SLO, slo_from_specs  # noqa: E402
 from sim.studies.sweep import Runner, Search, goodput_searches, mean_ci, meets_slo, with_rate  # noqa: E402
 from sim.studies.verdict import family, rank, verdict  # noqa: E402
-from sim.workloads import build_workload, build_workload_said, resolve_workload  # noqa: E402
+from sim.workloads import build_workload_said, resolve_workload  # noqa: E402
 
 INTERCONNECTS = {"pcie": "a100-pcie-40gb", "nvlink": "a100-sxm-80gb-nvswitch"}
 POLICIES = {
@@ -255,7 +255,8 @@ class PlanLoad:
     timestamped: bool  # replayed at recorded (possibly scaled) times: no rate knob
     rate_rps: float | None  # the load of rate mode (None: goodput mode)
     note: str
-    changes: tuple[str, ...] = ()  # what the workload's reader changed of its input (build_workload_said)
+    changes: tuple[str, ...]  # what the workload's reader changed of its input (build_workload_said)
+    tokens: dict[str, float]  # mean prompt, output and total tokens per request (`mean_tokens`)
 
 
 def _mean_rate(reqs) -> float:
@@ -277,37 +278,38 @@ def plan_load(args, overrides: dict) -> PlanLoad:
         table["num_requests"] = min(int(merged.get("num_requests", 150) or 150), 150)
     if args.rate is not None and not args.rate > 0:
         raise ConfigError(f"--rate must be > 0 req/s, got {args.rate}")
-    # built once here to hear what its reader changed (the candidates' runs build it in workers)
-    reqs, changes = build_workload_said(table, seed=1)
+    if not timestamped and args.rate is not None:
+        table["rate_rps"] = float(args.rate)
+    # built once, here: what its reader changed (the candidates' runs build it silently, in workers) and its
+    # token counts; a timestamp_speedup set below scales the arrival times only, not the requests
+    reqs, said = build_workload_said(table, seed=1)
+    changes, tokens = tuple(said), mean_tokens(reqs)
     if not timestamped:
         if args.rate is None:
             return PlanLoad(table, False, None, f"workload {args.workload}: goodput search over Poisson rates",
-                            tuple(changes))
-        table["rate_rps"] = float(args.rate)
+                            changes, tokens)
         return PlanLoad(table, False, float(args.rate), f"workload {table.get('name', 'trace')}: Poisson arrivals "
-                                                        f"at {args.rate:g} req/s", tuple(changes))
+                                                        f"at {args.rate:g} req/s", changes, tokens)
     # NOTE: a timestamped trace keeps its arrival times; --rate only rescales them.
     own = _mean_rate(reqs)
     src = args.trace or args.workload
     if args.rate is None:
         return PlanLoad(table, True, own, f"{src}: {len(reqs)} requests replayed at their timestamps "
-                                          f"(mean {own:.3g} req/s)", tuple(changes))
+                                          f"(mean {own:.3g} req/s)", changes, tokens)
     speedup = float(merged.get("timestamp_speedup", 1.0)) * args.rate / own
     table["timestamp_speedup"] = speedup
     return PlanLoad(table, True, float(args.rate), f"{src}: {len(reqs)} requests replayed at their timestamps "
                                                    f"scaled by {speedup:.3g} (mean {own:.3g} -> {args.rate:g} req/s)",
-                    tuple(changes))
+                    changes, tokens)
 
 
-def _output_tokens(table: dict, context: int = CONTEXT_TOKENS) -> float:
-    reqs = build_workload(table, seed=1)
-    return float(np.mean([min(r.prompt_tokens + r.output_tokens, context) - min(r.prompt_tokens, context)
-                          for r in reqs])) if reqs else 0.0
-
-
-def tokens_per_request(table: dict, context: int = CONTEXT_TOKENS) -> float:
-    reqs = build_workload(table, seed=1)
-    return float(np.mean([min(r.prompt_tokens + r.output_tokens, context) for r in reqs])) if reqs else 0.0
+def mean_tokens(reqs, context: int = CONTEXT_TOKENS) -> dict[str, float]:
+    """The mean prompt, output and total tokens per request of `reqs` (each request clipped to the context)."""
+    if not reqs:
+        return {"prompt": 0.0, "output": 0.0, "total": 0.0}
+    p = np.array([min(r.prompt_tokens, context) for r in reqs], dtype=float)
+    t = np.array([min(r.prompt_tokens + r.output_tokens, context) for r in reqs], dtype=float)
+    return {"prompt": float(p.mean()), "output": float((t - p).mean()), "total": float(t.mean())}
 
 
 # -- runs -----------------------------------------------------------------------------------
@@ -523,7 +525,7 @@ def run_plan(args) -> tuple[pd.DataFrame, dict]:
     seeds = list(range(1, args.seeds + 1))
     runner = Runner(out / "cache.jsonl", jobs=args.jobs, executor=args.executor, address=args.address,
                     progress=not args.no_progress)
-    tokens = tokens_per_request(load.table)
+    tokens = load.tokens["total"]
     rows, cands = [], []
     engines = list(getattr(args, "engine", None) or ["fastpp"])
     for eng in engines:
@@ -566,7 +568,7 @@ def run_plan(args) -> tuple[pd.DataFrame, dict]:
     meta = {"mode": mode, "model": args.model, "gpus": args.gpus, "slo": slo.describe(), "seeds": len(seeds),
             "rate_rps": load.rate_rps, "load": load.note, "interconnect_notes": notes,
             "workload_warnings": list(load.changes),
-            "tokens_per_request": tokens, "output_tokens_per_request": _output_tokens(load.table),
+            "tokens_per_request": tokens, "output_tokens_per_request": load.tokens["output"],
             "gpus_per_node": gpn, "network": network if args.gpus > gpn else None,
             "rule": ("lowest cost per million requests at its goodput among those meeting the SLOs on every seed, "
                      "then margin" if mode == "rate" else "highest goodput (CI ties: lower cost, then fewer GPUs)")}
