@@ -51,25 +51,29 @@ def jobs(text: str) -> int:
     """--jobs N: at least 1; more than the machine's cores is capped at them, with a warning
     (more processes than cores only share the cores, each holding its own memory)."""
     import os
-    import sys
 
     n = int_in(1, 4096)(text)
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     if n > cores:
-        print(f"ppsim: warning: --jobs {n} capped at this machine's {cores} cores", file=sys.stderr)
+        warn(f"--jobs {n} capped at this machine's {cores} cores")
         return cores
     return n
+
+
+def warn(text: str) -> None:
+    """One warning line on stderr, as every command prints them."""
+    import sys
+
+    print(f"ppsim: warning: {text}", file=sys.stderr, flush=True)
 
 
 def say_workload_changes(table, seed: int = 1) -> list[str]:
     """Print what the workload's reader changed of its input (rows or conversations skipped,
     dropped or cut: sim.workloads.build_workload_said), one warning line each, once before a
     study: its runs build the workload in worker processes, where nobody hears it."""
-    import sys
-
     from sim.workloads import build_workload_said
 
     _, changed = build_workload_said(table, seed=seed)
     for text in changed:
-        print(f"ppsim: warning: {text}", file=sys.stderr, flush=True)
+        warn(text)
     return changed

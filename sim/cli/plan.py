@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 
-from sim.cli.common import SEEDS, float_in, int_in, jobs
+from sim.cli.common import SEEDS, float_in, int_in, jobs, warn
 from sim.core import fsio
 from sim.core.lazy import lazy
 from sim.core.slo import SLO, slo_from_specs
@@ -149,7 +148,7 @@ def cmd_plan(args) -> int:
     }), flush=True)
     df, meta = run_plan(args)
     for text in meta.get("workload_warnings", []):  # (heard once in run_plan; the runs' workers are silent)
-        print(f"ppsim: warning: {text}", file=sys.stderr, flush=True)
+        warn(text)
     mode, slo = meta["mode"], slo_from_specs(args.slo, SLO(ttft_ms=args.slo_ttft_ms, tpot_ms=args.slo_tpot_ms))
     fsio.write_frame(df, out / "plan.csv", index=False, float_format="%.6g")
     doc = {**meta, "candidates": [{k: _jsonable(v) for k, v in r.items()} for r in df.to_dict("records")]}
@@ -185,10 +184,10 @@ def cmd_plan(args) -> int:
         print("\nnot simulated:")
         for r in skipped.itertuples():
             print(f"  {r.deployment.replace(' -', '')}: {r.status}, {r.reason}")
-    warn = df[(df["warnings"] != "") & df["rank"].notna()]
-    if len(warn):
+    flagged = df[(df["warnings"] != "") & df["rank"].notna()]
+    if len(flagged):
         print("\nwarnings:")
-        for r in warn.itertuples():
+        for r in flagged.itertuples():
             print(f"  {r.deployment}: {r.warnings}")
     print("\n" + meta["verdict"])
     fsio.write_text(out / "recommendation.txt", meta["verdict"] + "\n")
@@ -218,10 +217,10 @@ def _print_cluster(df, meta, args, out, slo) -> int:
         print("\npruned or dropped, and why:")
         for r in skipped.itertuples():
             print(f"  {r.deployment}: {r.status}, {r.reason}")
-    warn = df[(df["warnings"] != "") & df["rank"].notna()]
-    if len(warn):
+    flagged = df[(df["warnings"] != "") & df["rank"].notna()]
+    if len(flagged):
         print("\nwarnings:")
-        for r in warn.itertuples():
+        for r in flagged.itertuples():
             print(f"  {r.deployment}: {r.warnings}")
     if meta.get("by_mode_and_nodes"):
         print("\nbest by mode and node count:")

@@ -5,10 +5,9 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import sys
 from pathlib import Path
 
-from sim.cli.common import int_in
+from sim.cli.common import int_in, warn
 from sim.core.errors import PipeSimError
 from sim.core.fsio import Staged
 
@@ -107,10 +106,6 @@ def _parse_window(text: str) -> tuple[float, float]:
     if not b > a:
         raise PipeSimError(f"--window {text!r}: END must be after START")
     return a, b
-
-
-def warn(text: str) -> None:
-    print(f"ppsim: warning: {text}", file=sys.stderr, flush=True)
 
 
 def run_warnings(summary: dict) -> list[str]:
