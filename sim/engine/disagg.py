@@ -452,6 +452,7 @@ class DisaggRun:
         ledger: dict[tuple[str, int], int] = {}
         held: dict[int, int] = {}
         reserved: dict[int, int] = {}
+        in_transit: dict[int, int] = {}  # transfers pre-allocated on a decode instance, not landed yet
         waiting = 0
         for f in self.by_row.values():
             prefilled, landed = not math.isnan(f.prefilled_s), not math.isnan(f.landed_s)
@@ -467,6 +468,7 @@ class DisaggRun:
                     self.audited["waited_on_prefill"].add(f.req.rid)
             if not math.isnan(f.ready_s) and not landed:
                 reserved[f.d] = reserved.get(f.d, 0) + f.tokens
+                in_transit[f.d] = in_transit.get(f.d, 0) + 1
             if landed:
                 ledger["decode", f.d] = ledger.get(("decode", f.d), 0) + f.req.kv_held
             elif f.req.kv_held and not f.req.finished:
@@ -489,9 +491,7 @@ class DisaggRun:
                 if pool == "prefill" and inst.held != held.get(i, 0):
                     raise KVLedgerError(f"{inst.name}: holds {inst.held} tokens for transfers, the ledger "
                                         f"{held.get(i, 0)}")
-                if pool == "decode" and inst.in_flight != sum(
-                        1 for f in self.by_row.values()
-                        if f.d == i and not math.isnan(f.ready_s) and math.isnan(f.landed_s)):
+                if pool == "decode" and inst.in_flight != in_transit.get(i, 0):
                     raise KVLedgerError(f"{inst.name}: {inst.in_flight} transfers in flight by its count, not the "
                                         f"ledger's")
         a = self.audited
