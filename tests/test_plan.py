@@ -287,3 +287,19 @@ def test_gpus_beyond_a_node_are_placed_on_nodes(tmp_path, capsys):
     assert main(["plan", "--model", "qwen2.5-14b", "--gpus", "16", "--interconnect", "both", "--rate", "1",
                  "--no-progress", "--out", str(tmp_path / "b")]) == 2
     assert "--interconnect both with --gpus 16 > --gpus-per-node 8" in capsys.readouterr().err
+
+
+def test_cost_at_goodput_by_hand():
+    from sim.studies.plan import (COST_AT_GOODPUT, COST_AT_RATE_MISSES, COST_AT_RATE_NO_GOODPUT, COST_AT_RATE_TRACE,
+                                  cost_at_goodput)
+
+    # 8 GPUs at $2/GPU-hour serving 4 req/s: 16 $/h / 14,400 requests/h = $1111.1 per million
+    c = cost_at_goodput(8, 2.0, 2.0, 4.0, True)
+    assert c["cost_basis"] == COST_AT_GOODPUT
+    assert c["gpu_hours_per_million_requests"] == pytest.approx(8 / 3600 / 4 * 1e6)   # 555.6
+    assert c["cost_per_million_requests"] == pytest.approx(2 * 8 / 3600 / 4 * 1e6)    # 1111.1
+    # no goodput: at the rate (2 req/s), and why
+    assert cost_at_goodput(8, 2.0, 2.0, float("nan"), True)["cost_per_million_requests"] == pytest.approx(2222.2222)
+    assert cost_at_goodput(8, 2.0, 2.0, float("nan"), True)["cost_basis"] == COST_AT_RATE_NO_GOODPUT
+    assert cost_at_goodput(8, 2.0, 2.0, 0.0, False)["cost_basis"] == COST_AT_RATE_MISSES
+    assert cost_at_goodput(8, None, 2.0, float("nan"), True, timestamped=True)["cost_basis"] == COST_AT_RATE_TRACE

@@ -57,10 +57,9 @@ from sim.core.errors import ConfigError
 from sim.core.lazy import lazy
 from sim.core.slo import SLO
 from sim.latency.profiled import Profile, kv_capacity_tokens
-from sim.studies.plan import (COST_AT_GOODPUT, COST_AT_RATE_ESTIMATED, COST_AT_RATE_MISSES, COST_AT_RATE_NO_GOODPUT,
-                              CONTEXT_TOKENS, MEM_FRACTION, POLICIES, at_rate_row, cost_per_million, deployment_table,
-                              goodputs_above, nodes_used, resolve_profile, throughput_bound_rps, weights_reason,
-                              _short)
+from sim.studies.plan import (COST_AT_RATE_ESTIMATED, CONTEXT_TOKENS, MEM_FRACTION, POLICIES, at_rate_row,
+                              cost_at_goodput, cost_per_million, deployment_table, goodputs_above, nodes_used,
+                              resolve_profile, throughput_bound_rps, weights_reason, _short)
 from sim.studies.sweep import Runner
 
 np = lazy("numpy")
@@ -486,11 +485,7 @@ class ClusterPlan:
         row["goodput_rps"] = g if g is not None else math.nan
         at_g = found[1] if found is not None and g is not None else None
         row["goodput_mean_tpot_ms"] = _num(at_g.get("mean_tpot_ms")) if at_g else math.nan
-        at = g if g is not None else self.rate
-        row["gpu_hours_per_million_requests"] = cost_per_million(1.0, c.gpus, at)
-        row["cost_per_million_requests"] = cost_per_million(price, c.gpus, at)
-        row["cost_basis"] = (COST_AT_GOODPUT if g is not None else COST_AT_RATE_NO_GOODPUT if row["meets_slo"]
-                             else COST_AT_RATE_MISSES)
+        row.update(cost_at_goodput(c.gpus, price, self.rate, row["goodput_rps"], row["meets_slo"]))
         if not row["meets_slo"]:
             row["note"] = "misses the SLOs in full simulation" + (
                 f" on {len(summ) - int(row['seeds_meeting'])} of {len(summ)} seeds" if row["seeds_meeting"] else "")

@@ -463,6 +463,18 @@ def cost_per_million(price: float | None, gpus: int, rate_rps: float) -> float:
     return price * gpus / 3600.0 / rate_rps * 1e6
 
 
+def cost_at_goodput(gpus: int, price: float | None, rate_rps: float, goodput_rps: float, meets_slo: bool,
+                    timestamped: bool = False) -> dict:
+    """A rate-mode row's cost columns: GPU-hours and $ per million requests at the deployment's goodput when
+    one was found (> 0), else at the rate, and `cost_basis` saying which and why."""
+    found = math.isfinite(goodput_rps) and goodput_rps > 0
+    at = goodput_rps if found else rate_rps
+    basis = (COST_AT_GOODPUT if found else COST_AT_RATE_TRACE if timestamped
+             else COST_AT_RATE_NO_GOODPUT if meets_slo else COST_AT_RATE_MISSES)
+    return {"gpu_hours_per_million_requests": cost_per_million(1.0, gpus, at),
+            "cost_per_million_requests": cost_per_million(price, gpus, at), "cost_basis": basis}
+
+
 def label(r: dict) -> str:
     split = f"TP{r['tp']}xPP{r['pp']}"
     if r["replicas"] > 1:
@@ -628,13 +640,8 @@ def _plan_at_rate(runner, cands, load, slo, seeds, price, within: float) -> list
         rows[i]["goodput_mean_tpot_ms"] = _num(at_g.get("mean_tpot_ms")) if at_g and g > 0 else math.nan
     for i, row in enumerate(rows):
         c = items[i][0]
-        g = row.get("goodput_rps", math.nan)
-        has_goodput = isinstance(g, float) and g > 0
-        at = g if has_goodput else load.rate_rps
-        row["cost_basis"] = (COST_AT_GOODPUT if has_goodput else COST_AT_RATE_TRACE if load.timestamped
-                             else COST_AT_RATE_NO_GOODPUT if row["meets_slo"] else COST_AT_RATE_MISSES)
-        row["gpu_hours_per_million_requests"] = cost_per_million(1.0, c["gpus"], at)
-        row["cost_per_million_requests"] = cost_per_million(price[c["interconnect"]], c["gpus"], at)
+        row.update(cost_at_goodput(c["gpus"], price[c["interconnect"]], load.rate_rps,
+                                   _num(row.get("goodput_rps")), row["meets_slo"], load.timestamped))
     return rows
 
 
