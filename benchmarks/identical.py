@@ -44,6 +44,22 @@ CASES = {
     "pred_retract": ("DCP_pred", "qwen2.5-32b", {"name": "sharegpt", "num_requests": 300, "rate_rps": 6.0},
                      {"scheduler": {"kv_tokens": 8000}, "server": {"on_kv_exhausted": "retract"}}),
     "static_synth": ("PP_512", "qwen2.5-32b", {"name": "azure-conv-synth", "num_requests": 400, "rate_rps": 4.0}, None),
+    # the other engines, replicas behind a router (their events interleave on one clock)
+    "sglang_pp4": ("PP_512", "qwen2.5-32b", {"name": "sharegpt", "num_requests": 400, "rate_rps": 4.0},
+                   {"scheduler": {"engine": "sglang"}}),
+    "vllm1_pp4": ("PP_512", "qwen2.5-32b", {"name": "sharegpt", "num_requests": 400, "rate_rps": 4.0},
+                  {"scheduler": {"engine": "vllm-v1"}}),
+    "vllm0_tp4": ("TP", "qwen2.5-32b", {"name": "sharegpt", "num_requests": 400, "rate_rps": 6.0},
+                  {"scheduler": {"engine": "vllm-v0", "chunk_size_tokens": 0}}),
+    "sglang_prefix": ("PP_512", "qwen2.5-14b", {"name": "shared-system-prompt", "num_requests": 400, "rate_rps": 6.0},
+                      {"scheduler": {"engine": "sglang"}}),
+    "replicas2_ll": ("PP_512", "qwen2.5-14b", {"name": "sharegpt", "num_requests": 600, "rate_rps": 8.0},
+                     {"parallel": {"pp": 2, "replicas": 2, "router": "least-loaded"}}),
+}
+# whole configs of experiments/configs/ (a cluster of nodes, disaggregated pools), quick sizes
+CONFIGS = {
+    "disagg_70b": ("experiments/configs/disagg_70b.toml", ["workload.num_requests=200"]),
+    "cluster_405b": ("experiments/configs/llama405b_tp8pp2.toml", ["workload.num_requests=100"]),
 }
 
 
@@ -72,6 +88,18 @@ def main() -> None:
         with contextlib.redirect_stdout(buf):
             rc = ppsim(["run", str(cfg), "--out", str(out / name), "--force"])
         # (the output folder's name, printed at the end, is not part of the comparison)
+        (out / name).mkdir(exist_ok=True)  # (absent when the run failed: its message is the output)
+        (out / name / "stdout.txt").write_text(buf.getvalue().replace(str(out), "OUT"))
+        print(f"{name:24s} rc={rc} {time.process_time() - t0:6.2f} CPU s", flush=True)
+    for name, (path, sets) in CONFIGS.items():
+        if args.only and name not in args.only:
+            continue
+        shutil.rmtree(out / name, ignore_errors=True)
+        buf = io.StringIO()
+        t0 = time.process_time()
+        with contextlib.redirect_stdout(buf):
+            rc = ppsim(["run", path, *[a for kv in sets for a in ("--set", kv)], "--out", str(out / name), "--force"])
+        (out / name).mkdir(exist_ok=True)  # (absent when the run failed: its message is the output)
         (out / name / "stdout.txt").write_text(buf.getvalue().replace(str(out), "OUT"))
         print(f"{name:24s} rc={rc} {time.process_time() - t0:6.2f} CPU s", flush=True)
 

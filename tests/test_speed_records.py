@@ -65,22 +65,50 @@ def test_memory_test_by_hand(cur_rem, expect):
     assert adder._passes_memory_test(_req(3, 40, 10, 0)) is expect
 
 
-def test_trigger_after_fires_like_a_timeout():
-    """The pipeline's inlined schedule (`_trigger_after`) puts an event on SimPy's queue exactly
+def test_trigger_at_fires_like_a_timeout():
+    """The pipeline's inlined schedule (`_trigger_at`) puts an event on SimPy's queue exactly
     where `env.timeout` would: same time, and ties in creation order."""
     import simpy
 
-    from sim.engine.pipeline import _trigger_after
+    from sim.engine.pipeline import _trigger_at
 
     env = simpy.Environment(initial_time=0.1)
     fired = []
     for i, delay in enumerate((0.1, 0.1, 0.3, 0.0, 0.2)):
         if i % 2:
             ev = env.event()
-            _trigger_after(env, ev, delay)
+            _trigger_at(env, ev, env.now + delay)
         else:
             ev = env.timeout(delay)
         ev.callbacks.append(lambda e, i=i: fired.append((i, env.now, e.value)))
     env.run()
     assert fired == [(3, 0.1, None), (0, 0.1 + 0.1, None), (1, 0.1 + 0.1, None), (4, 0.1 + 0.2, None),
                      (2, 0.1 + 0.3, None)]
+
+
+def test_a_pipeline_run_alone_is_the_run_on_simpys_dispatch():
+    """`Pipeline.run_alone` (one replica: no other process on the clock) gives the run that
+    `env.run()` dispatching the same pipeline's events gives, iteration for iteration."""
+    import simpy
+
+    from sim.core.config import config_from_table
+    from sim.engine import run as engine_run
+    from sim.engine.pipeline import Pipeline
+
+    t = {"seed": 3, "scheduler": {"chunk_size_tokens": 512},
+         "latency": {"kind": "profile", "profile": "profiles/a100-pcie-40gb/qwen2.5-32b/tp4"},
+         "parallel": {"pp": 4, "tp": 4}, "workload": {"name": "sharegpt", "num_requests": 120, "rate_rps": 6.0}}
+    alone = engine_run.run(config_from_table(t))
+    real = Pipeline.run_alone
+    try:
+        def on_simpy(self):  # what run_alone replaces: a process dispatched by env.run()
+            proc = self.env.process(self._scheduler())
+            self.env.run(until=proc)
+        Pipeline.run_alone = on_simpy
+        dispatched = engine_run.run(config_from_table(t))
+    finally:
+        Pipeline.run_alone = real
+    assert alone.end_s == dispatched.end_s
+    assert alone.iterations["end_s"] == dispatched.iterations["end_s"]
+    assert [r.finish_s for r in alone.requests] == [r.finish_s for r in dispatched.requests]
+    assert simpy  # (the module the dispatch comes from)

@@ -5,7 +5,9 @@ k mod P from the requests that arrived before the iteration started; the iterati
 (scheduler CPU time and the last stage's token broadcast, charged once, at its start) is
 paid, then every stage s works on the micro-batch that entered stage 0 at iteration k - s.
 The iteration ends when the slowest stage is done; then the micro-batch leaving the last
-stage has its tokens sampled. A slot is scheduled again
+stage has its tokens sampled. The stages need no processes of their own: in lock-step nothing
+can change a stage's work once the iteration has started, so the scheduler process computes
+every stage's busy time at the start and waits for one event at the iteration's end. A slot is scheduled again
 only after its previous micro-batch was sampled, so P micro-batches are in flight. When the
 whole system is empty the clock jumps to the next arrival: no events while idle.
 """
@@ -13,7 +15,7 @@ whole system is empty the clock jumps to the next arrival: no events while idle.
 from __future__ import annotations
 
 from collections import deque
-from heapq import heappush
+from heapq import heappop, heappush
 from typing import Any, ClassVar
 
 import simpy
@@ -32,14 +34,13 @@ np = lazy("numpy")  # imported on first use (sim/core/lazy.py)
 INF = float("inf")
 
 
-def _trigger_after(env: simpy.Environment, event: simpy.Event, delay: float) -> None:
-    """Trigger `event` `delay` seconds from now, as `env.timeout(delay)` would (same time, same
-    float), without allocating a Timeout: SimPy's Timeout sets these two fields and schedules,
-    and `env.schedule` pushes this entry on the event queue (inlined: a Python call saved on
-    every iteration)."""
+def _trigger_at(env: simpy.Environment, event: simpy.Event, when_s: float) -> None:
+    """Trigger `event` at time `when_s` (not before now), as a timeout would, without allocating
+    a Timeout: SimPy's Timeout sets these two fields and schedules, and `env.schedule` pushes
+    this entry on the event queue (inlined: a Python call saved on every iteration)."""
     event._ok = True
     event._value = None
-    heappush(env._queue, (env._now + delay, NORMAL, next(env._eid), event))
+    heappush(env._queue, (when_s, NORMAL, next(env._eid), event))
 
 
 class Inbox:
@@ -227,7 +228,7 @@ class SLOGuard:
 class Pipeline:
     def __init__(self, env: simpy.Environment, sched: Scheduler, latency, chunk_policy,
                  requests: list[Req] | Inbox, horizon_s: float = 0.0, rebalancer=None,
-                 slo_tpot_s: float = 0.2, guard=None, noise=None) -> None:
+                 slo_tpot_s: float = 0.2, guard=None, noise=None, alone: bool = False) -> None:
         self.env = env
         self.sched = sched
         self.latency = latency
@@ -252,31 +253,29 @@ class Pipeline:
         self._host_s = 0.0  # this iteration's host time (CPU, broadcast, stalls), recorded with it
         self.log = IterationLog(self.P)
         self.kv_peak = 0
-        # stage processes share one "go" event per iteration and count down to "done"
-        self.go = env.event()
-        self.done = env.event()
-        self.pending = 0
-        self.busy = [0.0] * self.P
+        self.busy = [0.0] * self.P  # this iteration's busy time of each stage
         self.factors = (1.0,) * self.P  # this iteration's per-stage jitter (1.0: none)
         self.inflight: deque = deque([None] * self.P, maxlen=self.P)  # micro-batch in stage s
-        for s in range(self.P):
-            env.process(self._stage(s))
-        self.proc = env.process(self._scheduler())
+        # alone: the only process on its clock, driven by `run_alone` instead of env.run()
+        self.proc: Any = None if alone else env.process(self._scheduler())
 
-    def _stage(self, s: int):
-        """Stage s: at the iteration's start (after the overhead) it takes the micro-batch that
-        entered stage 0 at iteration k - s and is busy for its stage time; the last stage to
-        start schedules the end of the iteration at the slowest stage's finish. A stage's end,
-        start + busy, is the same float a timeout of `busy` started then would fire at, so the
-        iteration ends at exactly max over stages of (start + busy)."""
-        busy, inflight = self.busy, self.inflight
-        while True:
-            yield self.go
-            m = inflight[s]
-            busy[s] = m.stage_s[s] * self.factors[s] if m is not None else 0.0
-            self.pending -= 1
-            if self.pending == 0:
-                _trigger_after(self.env, self.done, max(busy))
+    def run_alone(self) -> None:
+        """Run this pipeline as the only process on its clock: what `env.run()` does, without
+        SimPy's dispatch of each event to its process. The loop waits for one event at a time
+        and nothing else is scheduled, so popping that event and moving the clock to its time
+        is all `env.step()` would do before resuming the loop (the same times, the same run)."""
+        env = self.env
+        queue = env._queue
+        loop = self._scheduler()
+        try:
+            loop.send(None)
+            while True:
+                if len(queue) != 1:
+                    raise RuntimeError(f"a pipeline run alone found {len(queue)} scheduled events instead of its own")
+                env._now = heappop(queue)[0]
+                loop.send(None)
+        except StopIteration:
+            pass
 
     def _scheduler(self):
         env, sched, P = self.env, self.sched, self.P
@@ -286,7 +285,7 @@ class Pipeline:
         # queue every iteration (a table's LazyQueue answers in Python).
         fixed = self.inbox.closed
         next_s = queue[0].arrival_s if fixed and queue else INF
-        inflight = self.inflight
+        inflight, busy = self.inflight, self.busy
         overhead_of = getattr(self.latency, "overhead_s", None)
         overhead = self.latency.iteration_overhead_s
         noise = self.noise
@@ -359,9 +358,6 @@ class Pipeline:
                             self.reason = (f"stuck at t={now:.3f}s: {len(sched.pending)} requests paused by the "
                                            f"rebalancer and nothing running")
                         break
-            self.pending = P
-            self.done = env.event()
-            go, self.go = self.go, env.event()
             # NOTE: models without a per-batch host cost charge the constant overhead on every turn
             host_s = overhead if overhead_of is None else overhead_of(mb.stats if mb is not None else None)
             if sched.overlap_host and mb is not None:
@@ -372,9 +368,15 @@ class Pipeline:
                 self.factors, stall_s = noise.next()
                 host_s += stall_s
             self._host_s = host_s
-            # the stages start once the host time is paid (one event wakes them all)
-            _trigger_after(env, go, host_s if host_s > 0 else 0.0)
-            yield self.done
+            # the stages start once the host time is paid, each on the micro-batch that entered
+            # stage 0 at iteration k - s; the iteration ends at the slowest one's finish (the same
+            # floats, start + busy, as one timeout per stage started at the stages' start)
+            for s in range(P):
+                m = inflight[s]
+                busy[s] = m.stage_s[s] * self.factors[s] if m is not None else 0.0
+            done = env.event()
+            _trigger_at(env, done, (now + (host_s if host_s > 0 else 0.0)) + max(busy))
+            yield done
             end = env.now
             self._record(k, slot, now, end, mb, kv_used)
             if mb is not None:

@@ -232,7 +232,8 @@ def run(cfg: RunConfig, requests: list[RequestSpec] | RequestArrays | None = Non
         pipes.append(Pipeline(env, sched, latencies[i] if latencies else latency, policy, inbox, cfg.horizon_s,
                               rebalancer=rebalancer,
                               slo_tpot_s=context.slo_tpot_s, guard=guard,
-                              noise=make_noise("latency" if i == 0 else f"latency-replica{i}") if make_noise else None))
+                              noise=make_noise("latency" if i == 0 else f"latency-replica{i}") if make_noise else None,
+                              alone=n == 1))
         if not keep_iterations:
             pipes[-1].log.spill = True  # before its first record: the summary's columns go to files
     if n > 1:
@@ -242,7 +243,10 @@ def run(cfg: RunConfig, requests: list[RequestSpec] | RequestArrays | None = Non
     # them all, and each full pass would walk them again (about 6% of a long run).
     gc.freeze()
     try:
-        env.run(until=env.all_of([p.proc for p in pipes]))
+        if n == 1:
+            pipes[0].run_alone()  # no router: the pipeline is the clock's only process
+        else:
+            env.run(until=env.all_of([p.proc for p in pipes]))
     finally:
         gc.unfreeze()
     table.close()
