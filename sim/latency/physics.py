@@ -145,11 +145,11 @@ class Checker:
         link, m, sh = self.bounds.link_bw, self.model, self.shape
         if not link:
             return 0.0
-        size = tokens * sh.hidden_size * sh.dtype_bytes
+        size = tokens * sh.hidden_size * sh.act_bytes
         out = _util(m.act_bytes * tokens, m.p2p_s(tokens), link) if m.num_stages > 1 else 0.0
         if self.tp > 1:
             out = max(out, _util(2 * (self.tp - 1) / self.tp * size, m.allreduce_s(tokens), link))
-            gathered = num_seqs * sh.vocab_size * sh.dtype_bytes
+            gathered = num_seqs * sh.vocab_size * sh.act_bytes
             out = max(out, _util((self.tp - 1) / self.tp * gathered, m.logits_gather_s(num_seqs), link))
         return out
 

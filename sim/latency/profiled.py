@@ -93,8 +93,18 @@ class ModelShape:
     vocab_size: int
     layer_params: float
     embedding_params: float
-    dtype_bytes: int
+    dtype_bytes: int                # bytes per element of the linear layers' weights
     intermediate_size: int = 0      # optional (builder writes it); informational, not used for timing
+    kv_dtype_bytes: int = 0         # bytes per element of the KV cache (0: dtype_bytes)
+    act_dtype_bytes: int = 0        # bytes per element of activations, embedding and LM head (0: dtype_bytes)
+
+    @property
+    def kv_bytes(self) -> int:
+        return self.kv_dtype_bytes or self.dtype_bytes
+
+    @property
+    def act_bytes(self) -> int:
+        return self.act_dtype_bytes or self.dtype_bytes
 
 
 COMM_OPS = ("all_reduce", "send_recv")
@@ -133,7 +143,8 @@ META_RANGES: dict[str, dict[str, tuple]] = {
     "model": {"num_layers": (1, 1000, False, True), "hidden_size": _SIZE, "num_q_heads": _SIZE,
               "num_kv_heads": _SIZE, "head_dim": _SIZE, "vocab_size": (1, 10**7, False, True),
               "layer_params": _PARAMS, "embedding_params": _PARAMS,
-              "dtype_bytes": (1, 4, False, True), "intermediate_size": (0, 2**31 - 1, False, True),
+              "dtype_bytes": (1, 4, False, True), "kv_dtype_bytes": (1, 4, False, True),
+              "act_dtype_bytes": (1, 4, False, True), "intermediate_size": (0, 2**31 - 1, False, True),
               "context_length_tokens": _COUNT},
     "scaling": {"s_mem": _SCALE, "s_comp": _SCALE, "mem_bound_tokens": _COUNT, "comp_bound_tokens": _COUNT},
     "overhead": {"cpu_ms": _MS, "lm_head_ms": _MS, "embedding_ms": _MS, "sample_ms": _MS, "broadcast_us": _US},
@@ -143,7 +154,7 @@ META_RANGES: dict[str, dict[str, tuple]] = {
     "ground_truth": {"decode_wave_fraction": _FRAC, "sm_count": (1.0, 1e6, False, False),
                      "cpu_per_request_us": _US, "jitter_cv": (0.0, 10.0, False, False), "stall_prob": _FRAC,
                      "stall_mean_ms": _MS, "slow_prob": _FRAC, "slow_mean": (0.0, 100.0, False, False)},
-    "roofline": {"bf16_tflops": _GBPS, "hbm_bw_gbps": _GBPS, "link_bw_gbps": _GBPS, "base_bf16_tflops": _GBPS,
+    "roofline": {"bf16_tflops": _GBPS, "peak_tflops": _GBPS, "base_peak_tflops": _GBPS, "hbm_bw_gbps": _GBPS, "link_bw_gbps": _GBPS, "base_bf16_tflops": _GBPS,
                  "base_hbm_bw_gbps": _GBPS},
 }
 # [measured]: the ranges the tables and fits cover, each [low, high] (profiles/FORMAT.md)
@@ -419,6 +430,8 @@ class Profile:
             embedding_params=_need(m, "embedding_params", where),
             dtype_bytes=int(m.get("dtype_bytes", 2)),
             intermediate_size=int(m.get("intermediate_size", 0) or 0),
+            kv_dtype_bytes=int(m.get("kv_dtype_bytes", 0) or 0),
+            act_dtype_bytes=int(m.get("act_dtype_bytes", 0) or 0),
         )
 
 
@@ -506,12 +519,13 @@ def kv_capacity_tokens(profile: Profile, pp: int, mem_fraction: float, reduce: s
 
     def rank_tokens(stage: int) -> int:
         weights = layers[stage] * shape.layer_params / tp * shape.dtype_bytes
+        # embedding and LM head stay 16-bit in FP8 checkpoints (only the linear layers are quantized)
         if stage == 0:
-            weights += shape.embedding_params / tp * shape.dtype_bytes
+            weights += shape.embedding_params / tp * shape.act_bytes
         if stage == pp - 1:
-            weights += shape.embedding_params / tp * shape.dtype_bytes  # untied LM head
+            weights += shape.embedding_params / tp * shape.act_bytes  # untied LM head
         after_load = m_init - weights / GIB
-        cell = kv_heads * shape.head_dim * layers[stage] * 2 * shape.dtype_bytes
+        cell = kv_heads * shape.head_dim * layers[stage] * 2 * shape.kv_bytes
         return int((after_load - m_init * (1 - mem_fraction)) * GIB // cell)
 
     if pp == 1:
@@ -685,7 +699,7 @@ class ProfiledLatencyModel:
         """One TP all-reduce of the hidden state of `tokens` tokens (seconds); 0 at tp = 1."""
         if self.tp <= 1:
             return 0.0
-        size = tokens * self.shape.hidden_size * self.shape.dtype_bytes
+        size = tokens * self.shape.hidden_size * self.shape.act_bytes
         sent = 2 * (self.tp - 1) / self.tp * size      # a ring all-reduce sends this much from each GPU
         if self._ar_curve is not None:
             return self._comm_floor(self._ar_curve(size) / 1e3, sent)
@@ -695,7 +709,7 @@ class ProfiledLatencyModel:
         """SGLang's all-gather of the vocab-parallel logits of `num_seqs` sequences (seconds); 0 at tp = 1."""
         if self.tp <= 1 or num_seqs <= 0:
             return 0.0
-        size = num_seqs * self.shape.vocab_size * self.shape.dtype_bytes
+        size = num_seqs * self.shape.vocab_size * self.shape.act_bytes
         if self._ar_curve is not None:   # a ring all-gather sends (t-1)/t of the bytes from each GPU
             t = self._comm_floor(self._ar_curve(size / 2) / 1e3, (self.tp - 1) / self.tp * size)
         else:
@@ -729,7 +743,7 @@ class ProfiledLatencyModel:
         attention = n * self.attention_s(st)
         ar = self.allreduce_s(tokens)
         if self.placement is not None:   # a TP group spanning nodes all-reduces over the network
-            ar = self.placement.allreduce_s(stage, tokens * self.shape.hidden_size * self.shape.dtype_bytes, ar)
+            ar = self.placement.allreduce_s(stage, tokens * self.shape.hidden_size * self.shape.act_bytes, ar)
         comm = 2 * n * ar
         overhead = 0.0
         if stage == 0:

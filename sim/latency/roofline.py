@@ -38,11 +38,12 @@ class Bounds:
     peak_flops: float
     hbm_bw: float
     link_bw: float = 0.0
+    peak_dtype: str = "bf16"     # the dtype of peak_flops (the linear layers' GEMM dtype)
 
     def describe(self) -> str:
         link = f", link {self.link_bw / 1e9:g} GB/s per direction" if self.link_bw else ""
-        return (f"{self.gpu_spec}: dense BF16 {self.peak_flops / 1e12:g} TFLOP/s, HBM {self.hbm_bw / 1e9:g} GB/s"
-                + link)
+        return (f"{self.gpu_spec}: dense {self.peak_dtype.upper()} {self.peak_flops / 1e12:g} TFLOP/s, "
+                f"HBM {self.hbm_bw / 1e9:g} GB/s" + link)
 
 
 def _positive(sec: dict, key: str, where: str) -> float:
@@ -62,18 +63,26 @@ def bounds_from_meta(meta: dict, where: str, base: bool = False) -> Bounds | Non
     if not isinstance(rl, dict):
         raise DataError(f"{where}: must be a table")
     link = _positive(rl, "link_bw_gbps", where) * 1e9 if "link_bw_gbps" in rl else 0.0
+    # `peak_tflops` (with `peak_dtype`): the dense peak of the dtype the linear layers run in (an FP8 profile's
+    # GEMMs are bounded by the FP8 peak); absent, the dense BF16 peak
+    dtype = str(rl.get("peak_dtype", "bf16"))
     if base and "base_gpu_spec" in rl:
-        return Bounds(str(rl["base_gpu_spec"]), _positive(rl, "base_bf16_tflops", where) * 1e12,
-                      _positive(rl, "base_hbm_bw_gbps", where) * 1e9, link)
-    return Bounds(str(rl.get("gpu_spec", "")), _positive(rl, "bf16_tflops", where) * 1e12,
-                  _positive(rl, "hbm_bw_gbps", where) * 1e9, link)
+        key = "base_peak_tflops" if "base_peak_tflops" in rl else "base_bf16_tflops"
+        return Bounds(str(rl["base_gpu_spec"]), _positive(rl, key, where) * 1e12,
+                      _positive(rl, "base_hbm_bw_gbps", where) * 1e9, link, dtype)
+    key = "peak_tflops" if "peak_tflops" in rl else "bf16_tflops"
+    return Bounds(str(rl.get("gpu_spec", "")), _positive(rl, key, where) * 1e12,
+                  _positive(rl, "hbm_bw_gbps", where) * 1e9, link, dtype)
 
 
 class Floors:
     """The floor of each part for one model shape, TP degree and GPU (seconds; see the module docstring)."""
 
     def __init__(self, bounds: Bounds, layer_params: float, hidden: int, q_heads: int, kv_heads: int,
-                 head_dim: int, vocab: int, dtype_bytes: int, tp: int) -> None:
+                 head_dim: int, vocab: int, dtype_bytes: int, tp: int, kv_dtype_bytes: int = 0,
+                 act_dtype_bytes: int = 0) -> None:
+        kv_bytes = kv_dtype_bytes or dtype_bytes
+        act_bytes = act_dtype_bytes or dtype_bytes
         self.bounds = bounds
         peak, bw = bounds.peak_flops, bounds.hbm_bw
         params = layer_params / tp
@@ -83,10 +92,10 @@ class Floors:
         self.linear_weights_s = self.linear_bytes / bw             # memory bound, per layer and pass
         self.pair_flops = 4.0 * head_dim * (q_heads / tp)          # QK^T and PV of one (query, key) pair
         self.pair_s = self.pair_flops / peak
-        self.kv_token_bytes = 2.0 * max(1, kv_heads // tp) * head_dim * dtype_bytes
+        self.kv_token_bytes = 2.0 * max(1, kv_heads // tp) * head_dim * kv_bytes
         self.kv_token_s = self.kv_token_bytes / bw
         self.lm_flops_per_seq = 2.0 * vocab * hidden / tp
-        self.lm_bytes = vocab * hidden * dtype_bytes / tp
+        self.lm_bytes = vocab * hidden * act_bytes / tp
         self.lm_seq_s = self.lm_flops_per_seq / peak
         self.lm_weights_s = self.lm_bytes / bw
         self.link_byte_s = 1.0 / bounds.link_bw if bounds.link_bw else 0.0
@@ -94,7 +103,8 @@ class Floors:
     @classmethod
     def for_shape(cls, bounds: Bounds, shape, tp: int) -> "Floors":
         return cls(bounds, shape.layer_params, shape.hidden_size, shape.num_q_heads, shape.num_kv_heads,
-                   shape.head_dim, shape.vocab_size, shape.dtype_bytes, tp)
+                   shape.head_dim, shape.vocab_size, shape.dtype_bytes, tp,
+                   getattr(shape, "kv_dtype_bytes", 0), getattr(shape, "act_dtype_bytes", 0))
 
     # -- per part, seconds --
     def linear_s(self, tokens: float) -> float:

@@ -43,6 +43,7 @@ LAYER_COLS = ["qkv_proj", "o_proj", "gate_up_proj", "down_proj", "act", "rope", 
 DEFAULT_OVERHEAD = {"embedding_ms": 0.1, "sample_ms": 0.2, "broadcast_us": 30}
 BUILT_DIR = PROFILES / "built"
 TPS = (1, 2, 4, 8)
+AIC_FAMILY = "aic"      # kernel_data of GPUs that only AIConfigurator's database covers (sim/profiling/aic.py)
 # The calibrated profile whose [ground_truth] section every built profile carries (profiles/README.md).
 GROUND_TRUTH_PROFILE = "a100-pcie-40gb/qwen2.5-32b/tp1/meta.toml"
 
@@ -336,6 +337,8 @@ def build_all(root: Path = BUILT_DIR, progress: bool = True) -> list[Path]:
     jobs = []
     for g in gpu_names():
         gpu = load_gpu(g)
+        if gpu.kernel_data == AIC_FAMILY:   # AIConfigurator-only GPUs: profiles/build_aic.py builds their library
+            continue
         for m in model_names():
             model = load_model(m)
             for tp in allowed_tps(model, TPS):

@@ -438,10 +438,10 @@ def kv_heads_of_shard(model: ModelArch, tp: int, tp_rank: int) -> range:
 
 def kv_transfer_bytes(model: ModelArch, num_tokens: int, tp: int, num_layers: int | None = None) -> int:
     """Bytes of K and V that ONE TP shard holds for `num_tokens` tokens over `num_layers` layers (default all):
-    2 x layers x (kv_heads / tp, or 1 when kv_heads < tp: replicated) x head_dim x dtype_bytes x tokens."""
+    2 x layers x (kv_heads / tp, or 1 when kv_heads < tp: replicated) x head_dim x KV bytes per element (kv_dtype_bytes, else dtype_bytes) x tokens."""
     _check_tp(model, tp, "KV transfer tp")
     heads = len(kv_heads_of_shard(model, tp, 0))
-    return 2 * _layers(model, num_layers) * heads * model.head_dim * model.dtype_bytes * _tokens(num_tokens)
+    return 2 * _layers(model, num_layers) * heads * model.head_dim * model.kv_bytes * _tokens(num_tokens)
 
 
 def kv_flows(model: ModelArch, num_tokens: int, src_tp: int, dst_tp: int,
@@ -450,7 +450,7 @@ def kv_flows(model: ModelArch, num_tokens: int, src_tp: int, dst_tp: int,
     shard that holds them (replicated heads from the holders in turn, to spread the load)."""
     _check_tp(model, src_tp, "KV transfer source tp")
     _check_tp(model, dst_tp, "KV transfer destination tp")
-    per_head = 2 * _layers(model, num_layers) * model.head_dim * model.dtype_bytes * _tokens(num_tokens)
+    per_head = 2 * _layers(model, num_layers) * model.head_dim * model.kv_bytes * _tokens(num_tokens)
     holders: dict[int, list[int]] = {}
     for i in range(src_tp):
         for h in kv_heads_of_shard(model, src_tp, i):
@@ -719,5 +719,6 @@ def model_of_profile(meta: dict, where: str) -> ModelArch:
             raise DataError(f"{where} [model]: field {key!r} must be an integer >= 1, got {v!r}")
         vals[key] = v
     return ModelArch(name=name, intermediate_size=int(m.get("intermediate_size", 0) or 0),
-                     dtype_bytes=int(m.get("dtype_bytes", 2)), **vals)
+                     dtype_bytes=int(m.get("dtype_bytes", 2)),
+                     kv_dtype_bytes=int(m.get("kv_dtype_bytes", 0) or 0), **vals)
 

@@ -48,6 +48,11 @@ class ModelArch:
     dtype_bytes: int = 2
     source: str = ""
     context_length_tokens: int = 0     # max_position_embeddings of the model's config.json (0: not known)
+    kv_dtype_bytes: int = 0            # bytes per KV-cache element (0: dtype_bytes)
+
+    @property
+    def kv_bytes(self) -> int:
+        return self.kv_dtype_bytes or self.dtype_bytes
 
     @property
     def kernel_arch(self) -> Arch:
@@ -203,6 +208,18 @@ class GpuSpec:
     scaling: dict = field(default_factory=dict)    # s_mem, s_comp, lookup, cpu_ms, status, source / calibration
     source: str = ""
     sm_count: int = 0           # streaming multiprocessors (0: not given)
+    fp8_tflops: float = 0.0     # dense FP8 tensor-core peak (0: not given / not supported)
+    fp4_tflops: float = 0.0     # dense FP4 tensor-core peak (0: not given / not supported)
+    nvlink_gbps: float = 0.0    # per-direction NVLink bandwidth of one GPU (0: not given)
+
+    def peak_tflops(self, dtype: str) -> float:
+        """The dense tensor-core peak for GEMMs in `dtype` ("bf16", "fp8", "fp4"); a one-line DataError when the
+        GPU's spec does not give it."""
+        val = {"bf16": self.bf16_tflops, "fp8": self.fp8_tflops, "fp4": self.fp4_tflops}.get(dtype, 0.0)
+        if not val:
+            raise DataError(f"profiles/gpus/{self.name}.toml [gpu]: no {dtype}_tflops (dense {dtype.upper()} peak); "
+                            f"{self.display} has no {dtype} tensor cores in its spec")
+        return val
 
 
 def _spec_table(folder: Path, name: str, table: str, flag: str, what: str, names) -> tuple[Path, dict, dict]:
@@ -233,6 +250,11 @@ def load_gpu(name: str) -> GpuSpec:
     for key in ("kernel_data", "default_interconnect", "display"):
         if not isinstance(g.get(key), str):
             raise DataError(f"{where}: field {key!r} must be a string")
+    for key in ("fp8_tflops", "fp4_tflops", "nvlink_gbps"):
+        v = g.get(key, 0.0)
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+            raise DataError(f"{where}: field {key!r} must be a finite number >= 0, got {v!r}")
+        nums[key] = float(v)
     sms = g.get("sm_count", 0)
     if isinstance(sms, bool) or not isinstance(sms, int) or sms < 0:
         raise DataError(f"{where}: field 'sm_count' must be a positive integer, got {sms!r}")

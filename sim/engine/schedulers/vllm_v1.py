@@ -193,7 +193,7 @@ def activation_reserve_tokens(settings: EngineSettings, latency: Any, tp: int, p
     act = tokens * 2 * (3 * shape.intermediate_size / tp + 4 * shape.hidden_size)
     logits = min(tokens, settings.max_running) * shape.vocab_size * 4
     layers = -(-shape.num_layers // pp)  # the busiest stage's layers
-    cell = max(1, shape.num_kv_heads // tp) * shape.head_dim * layers * 2 * shape.dtype_bytes
+    cell = max(1, shape.num_kv_heads // tp) * shape.head_dim * layers * 2 * shape.kv_bytes
     return int((act + logits) // cell)
 
 
