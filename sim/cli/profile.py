@@ -320,11 +320,20 @@ interconnects: profiles/interconnects/<name>.toml (default: the GPU's default_in
 --all writes profiles/built/<gpu>[-<ic>]/<model>/tp<T>/ for every shipped model x GPU x TP in
 {1, 2, 4, 8} that divides the heads and fits in memory on at most 8 GPUs.
 
+--data aic builds from AIConfigurator's measured kernel database instead (the optional extra
+pipesim[aic], package aiconfigurator-core; read offline from its installed files): GEMMs, attention
+and the engine's all-reduce choice measured on the GPU itself (h100-sxm-80gb, h200-sxm, b200-sxm),
+for one engine and version (--engine vllm: vLLM 0.24.0), with --weight-dtype bf16|fp8 (the GEMM
+kernels and the bytes of the linear layers' weights) and --kv-dtype bf16|fp8 (the attention kernels
+and the KV cache's bytes). meta.toml records the package version, system, engine, kernels and dtypes.
+The shipped AIC library is profiles/aic/ (python profiles/build_aic.py).
+
 examples:
   ppsim profile build --model qwen2.5-32b --gpu a100-pcie-40gb --tp 1 --out /tmp/q32
   ppsim profile build --model-config my-model/config.json --gpu h100-sxm-80gb --tp 2 --out /tmp/mine
   ppsim profile build --model llama-3.1-70b --gpu a40-48gb --interconnect pcie-p2p-disabled --tp 8 --out /tmp/l70
   ppsim profile build --all
+  ppsim profile build --data aic --model llama-3.1-70b --gpu h200-sxm --tp 4 --weight-dtype fp8 --kv-dtype fp8 --out /tmp/l70
 """
 
 
@@ -332,9 +341,14 @@ def cmd_build(args) -> int:
     from sim.profiling.build import BUILT_DIR, build_all, build_profile, resolve_model
     from sim.profiling.specs import load_gpu, load_interconnect
 
+    if args.data != "aic" and (args.engine or args.weight_dtype or args.kv_dtype):
+        raise PipeSimError("profile build: --engine, --weight-dtype and --kv-dtype need --data aic (the vidur "
+                           "data is BF16 only)")
     if args.all:
         if args.model or args.model_config or args.gpu or args.out:
             raise PipeSimError("profile build --all: takes no --model/--model-config/--gpu/--out")
+        if args.data == "aic":
+            raise PipeSimError("profile build --all --data aic: the AIC library is built by python profiles/build_aic.py")
         written = build_all(Path(args.root) if args.root else BUILT_DIR)
         print(f"wrote {len(written)} profiles under {args.root or BUILT_DIR}")
         return 0
@@ -348,6 +362,25 @@ def cmd_build(args) -> int:
 
         model = replace(model, name=args.name)
     gpu = load_gpu(args.gpu)
+    if args.data == "aic":
+        from sim.profiling.aic import build_aic_profile
+
+        if args.interconnect and args.interconnect != gpu.default_interconnect:
+            raise PipeSimError(f"profile build --data aic: --interconnect {args.interconnect!r}: the AIC tables are "
+                               f"measured on one {gpu.default_interconnect} node; allowed: {gpu.default_interconnect}")
+        prof = build_aic_profile(model, gpu, args.tp, args.out, engine=args.engine or "vllm",
+                                 weight_dtype=args.weight_dtype or "bf16", kv_dtype=args.kv_dtype or "bf16")
+        p, fe = prof.meta["profile"], prof.meta["fit_errors"]
+        print(f"wrote {args.out}: {model.name} on {gpu.display}, TP{args.tp}; {p['data_source']}")
+        print(f"  GEMMs measured: {', '.join(fe['gemm_measured_ops']) or 'none'}; interpolated: "
+              f"{', '.join(fe['gemm_interpolated_ops']) or 'none'}; attention fit median / P90 error: prefill "
+              f"{fe['attention_prefill_median_rel_err']:.1%} / {fe['attention_prefill_p90_rel_err']:.1%}, decode "
+              f"{fe['attention_decode_median_rel_err']:.1%} / {fe['attention_decode_p90_rel_err']:.1%}")
+        print(f"  suspect rows: {prof.meta['derivation']['suspect_rows']}")
+        _print_check(prof)
+        return 0
+    if gpu.kernel_data == "aic":
+        raise PipeSimError(f"profile build --gpu {gpu.name}: no Vidur kernel data for this GPU; allowed: --data aic")
     ic = load_interconnect(args.interconnect or gpu.default_interconnect)
     prof = build_profile(model, gpu, ic, args.tp, args.out)
     p = prof.meta["profile"]
@@ -416,12 +449,22 @@ def cmd_check(args) -> int:
     if args.json:
         print(json.dumps([r.as_dict() for r in reports], indent=1))
     elif args.all:
+        from sim.latency.physics import tp_scaling_flags
+
         for r in reports:
             print(summary_line(r))
             for p in r.problems:
                 print(p.line("  "))
+            for s in r.slow:
+                print("  " + s)
+        flags = tp_scaling_flags(dirs)
+        for s in flags:
+            print(s)
         bad = sum(not r.ok for r in reports)
-        print(f"{len(reports)} profiles checked up to their context length; {bad} with problems")
+        slow = sum(bool(r.slow) for r in reports)
+        print(f"{len(reports)} profiles checked up to their context length; {bad} with problems"
+              + (f" ({slow} with slow rows, {len(flags)} TP groups flagged: flags, not problems)"
+                 if slow or flags else ""))
     else:
         r = reports[0]
         for p in r.problems:
@@ -430,6 +473,8 @@ def cmd_check(args) -> int:
         print(f"  GPU {r.bounds.describe()}; tables measured on {r.base.describe()}; {r.context_note}")
         for n in r.notes:
             print(f"  note: {n}")
+        for s in r.slow:
+            print(f"  {s}")
         print("\n".join(fmt_table(r)))
     return 0 if all(r.ok for r in reports) else 1
 
@@ -507,6 +552,14 @@ def add_commands(subparsers) -> None:
     p.add_argument("--tp", type=_pp, default=None, help="tensor-parallel degree of the profile")
     p.add_argument("--out", default=None, help="profile directory to write")
     p.add_argument("--all", action="store_true", help="rebuild the shipped library profiles/built/")
+    p.add_argument("--data", choices=("vidur", "aic"), default="vidur", help="kernel-data source: vidur (the "
+                   "shipped kernel models, default) or aic (AIConfigurator's database, extra pipesim[aic])")
+    p.add_argument("--engine", choices=("vllm",), default=None, help="--data aic: the engine whose tables "
+                   "and all-reduce choice are used (default vllm)")
+    p.add_argument("--weight-dtype", choices=("bf16", "fp8"), default=None, help="--data aic: the linear "
+                   "layers' weights (default bf16)")
+    p.add_argument("--kv-dtype", choices=("bf16", "fp8"), default=None, help="--data aic: the KV cache "
+                   "(default bf16)")
     p.add_argument("--force", action="store_true", help="replace a profile PipeSim built, imported or collected in --out")
     p.add_argument("--root", default=None, help=argparse.SUPPRESS)
     p.set_defaults(func=cmd_build)

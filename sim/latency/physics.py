@@ -16,6 +16,12 @@ Two kinds of findings (profiles/FORMAT.md, "Physical bounds"):
   (`[roofline] base_*`, unscaled): the layer table at each grid point, the attention fits over their
   measured ranges (`[measured]`), the LM head constant, the measured collectives.
 
+**Slowness flags** (`slow`, printed, not problems: a slow kernel is possible, an impossibly fast one is not):
+a layer-table point more than `SLOW_BOUND` (3x) slower than its roofline on the GPU it was measured on
+(untuned or mis-measured rows), and, over sibling profiles of one model (`tp_scaling_flags`, `--all`), a
+TP degree whose layer table is not faster than the next smaller one's at a compute-bound token count
+(>= `TP_FROM_TOKENS`).
+
 `notes` lists the parts where the run-time floor binds (a scaled value faster than the target GPU
 allows, e.g. a calibrated sibling-SKU factor): not an error, the run uses the floor there.
 """
@@ -37,6 +43,8 @@ GROWTH_FROM = 4096
 AT_FLOOR = 0.999        # a part within 0.1% of a bound runs at the floor (a note, not an error)
 DECODE_BATCHES = (1, 8, 32, 128, 256, 512, 1024)
 CHUNKS = (1, 64, 512, 2048, 8192)
+SLOW_BOUND = 3.0        # a layer-table point slower than 3x its roofline is flagged (issue 42)
+TP_FROM_TOKENS = 512    # from here GEMMs are compute bound: twice the GPUs must be faster (issue 42)
 
 
 @dataclass
@@ -68,6 +76,7 @@ class Report:
     decode: list[dict] = field(default_factory=list)
     growth: list[dict] = field(default_factory=list)
     problems: list[Problem] = field(default_factory=list)
+    slow: list[str] = field(default_factory=list)     # slowness flags (not problems)
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -86,7 +95,7 @@ class Report:
     def as_dict(self) -> dict:
         return {"profile": self.profile, "gpu": self.bounds.describe(), "base_gpu": self.base.describe(),
                 "max_tokens": self.max_tokens, "context": self.context_note, "ok": self.ok,
-                "problems": [p.line() for p in self.problems], "notes": self.notes, "maxima": self.maxima(),
+                "problems": [p.line() for p in self.problems], "notes": self.notes, "slow": self.slow, "maxima": self.maxima(),
                 "prefill": self.prefill, "chunks": self.chunks, "decode": self.decode, "growth": self.growth}
 
 
@@ -239,6 +248,10 @@ class Checker:
         name = base.gpu_spec or "base GPU"
         for g, ms in zip(prof.grid.tolist(), prof.layer_raw.tolist()):
             t = ms / 1e3
+            floor = max(fl.linear_flops_per_token * g / base.peak_flops, fl.linear_bytes / base.hbm_bw)
+            if t > SLOW_BOUND * floor:
+                report.slow.append(f"slow: layer_nonattn.csv num_tokens={g}: {ms:.4g} ms, {t / floor:.1f}x its roofline "
+                                   f"on {name} (flag at {SLOW_BOUND:g}x)")
             for val, what, rate in ((fl.linear_flops_per_token * g, "dense BF16 peak", base.peak_flops),
                                     (fl.linear_bytes, "HBM bandwidth", base.hbm_bw)):
                 u = _util(val, t, rate)
@@ -248,10 +261,12 @@ class Checker:
         pre, dec = prof.attention["prefill"], prof.attention["decode"]
         c_lo, c_hi = self.ranges.get("prefill_chunk", self.ranges["tokens"])
         ctx_hi = self.ranges.get("prefill_context", (0.0, c_hi))[1]
+        # `prefill_prefix` (optional): the prefixes the points had (AIConfigurator's context tables: none)
+        p_lo, p_hi = self.ranges.get("prefill_prefix", (0.0, ctx_hi))
         chunk = max(1, int(c_lo))
         while chunk <= c_hi:
             for prefix in sorted({0, int(ctx_hi - chunk) // 2, int(ctx_hi - chunk)}):
-                if prefix < 0:
+                if prefix < 0 or not p_lo <= prefix <= p_hi:
                     continue
                 t = (pre["a_ms"] + pre["b_c"] * chunk + pre["b_c2"] * chunk * chunk
                      + pre["b_cp"] * chunk * prefix) / 1e3
@@ -325,6 +340,32 @@ def fmt_table(report: Report) -> list[str]:
         worst = min(report.growth, key=lambda g: g["ratio"])
         out.append(f"non-attention growth from n to 2n tokens (n >= {GROWTH_FROM}): smallest {worst['ratio']:.3f}x "
                    f"at n = {worst['tokens']} (bound {GROWTH_BOUND}x)")
+    return out
+
+
+def tp_scaling_flags(dirs) -> list[str]:
+    """Sibling profiles (one model folder, tp<T> sub-folders) whose layer table at twice the TP degree is not
+    faster than at the smaller degree at some compute-bound grid point (>= TP_FROM_TOKENS tokens)."""
+    from pathlib import Path
+
+    groups: dict = {}
+    for d in dirs:
+        d = Path(d)
+        if d.name.startswith("tp") and d.name[2:].isdigit():
+            groups.setdefault(d.parent, {})[int(d.name[2:])] = d
+    out = []
+    for parent, tps in sorted(groups.items()):
+        loaded = {t: Profile.load(p) for t, p in tps.items()}
+        for t in sorted(loaded):
+            if 2 * t not in loaded:
+                continue
+            a, b = loaded[t], loaded[2 * t]
+            ta = dict(zip(a.grid.tolist(), a.layer_raw.tolist()))
+            bad = [g for g, ms in zip(b.grid.tolist(), b.layer_raw.tolist())
+                   if g >= TP_FROM_TOKENS and g in ta and ms >= ta[g]]
+            if bad:
+                out.append(f"slow: {parent}: tp{2 * t} is not faster than tp{t} at {len(bad)} grid points from "
+                           f"{TP_FROM_TOKENS} tokens (first {bad[0]})")
     return out
 
 

@@ -158,7 +158,8 @@ META_RANGES: dict[str, dict[str, tuple]] = {
                  "base_hbm_bw_gbps": _GBPS},
 }
 # [measured]: the ranges the tables and fits cover, each [low, high] (profiles/FORMAT.md)
-MEASURED_KEYS = ("tokens", "prefill_chunk", "prefill_context", "decode_batch", "decode_context", "comm_bytes")
+MEASURED_KEYS = ("tokens", "prefill_chunk", "prefill_context", "prefill_prefix", "decode_batch", "decode_context",
+                 "comm_bytes")
 
 
 def range_text(lo, hi, lo_open: bool, integer: bool) -> str:

@@ -68,10 +68,11 @@ from sim.profiling.specs import PROFILES, GpuSpec, ModelArch
 PACKAGE = "aiconfigurator-core"
 MODULE = "aiconfigurator_core"
 # PipeSim GPU spec -> AIConfigurator system
-SYSTEMS = {"h100-sxm-80gb": "h100_sxm", "h200-sxm": "h200_sxm", "b200-sxm": "b200_sxm",
-           "a100-sxm-80gb": "a100_sxm"}
+# (the A100's tables are vLLM 0.14 ones with other kernel names, `vllm_default` GEMMs and `vllm_flash_attn`:
+# not wired; Vidur's A100 data stays its source)
+SYSTEMS = {"h100-sxm-80gb": "h100_sxm", "h200-sxm": "h200_sxm", "b200-sxm": "b200_sxm"}
 # engine -> the version whose GEMM, attention and custom all-reduce tables every system above has
-ENGINE_VERSIONS = {"vllm": {"h100_sxm": "0.24.0", "h200_sxm": "0.24.0", "b200_sxm": "0.24.0", "a100_sxm": "0.14.0"}}
+ENGINE_VERSIONS = {"vllm": {"h100_sxm": "0.24.0", "h200_sxm": "0.24.0", "b200_sxm": "0.24.0"}}
 # dtype -> (gemm_dtype, kernel_source) of the GEMM table
 GEMM_KERNELS = {"bf16": ("bfloat16", "torch.nn.functional.linear"),
                 "fp8": ("fp8", "CutlassFP8ScaledMMLinearKernel")}
@@ -80,11 +81,18 @@ KV_DTYPES = {"bf16": "bfloat16", "fp8": "fp8"}
 # sm_version of the system YAML -> (context, generation) attention kernel the engine runs there: vLLM picks
 # FlashAttention (FA3 on Hopper) and, on Blackwell, FlashInfer with TRT-LLM-generated kernels
 # (vllm/platforms/cuda.py, attention backend priorities)
-ATTENTION_KERNELS = {80: ("vllm_flash_attn_fa2", "vllm_flash_attn_fa2"),
-                     90: ("vllm_flash_attn_fa3", "vllm_flash_attn_fa3"),
+ATTENTION_KERNELS = {90: ("vllm_flash_attn_fa3", "vllm_flash_attn_fa3"),
                      100: ("vllm_flashinfer_trtllmprefill", "vllm_flashinfer_trtllmdecode")}
+# The GEMM tables' m grid is dense up to 4353 tokens (steps of 256, each boundary and boundary + 1) and then
+# jumps to 8192, 16384, 32768: rounding a 5000-token batch up to 8192 would charge it 1.6x. The profile keeps the
+# dense part; past it the run extrapolates linearly in tokens (FORMAT.md), which the sparse points check
+# (`extrapolation_check`, written into [derivation]).
+GRID_MAX_TOKENS = 4353
 CUSTOM_AR_MAX_BYTES = 8192 * 1024        # vLLM CustomAllreduce(max_size=8192 * 1024)
 CUSTOM_AR_WORLD_SIZES = (2, 4, 6, 8)     # vLLM CustomAllreduce._SUPPORTED_WORLD_SIZES
+# The comm tables' message_size counts elements (AIConfigurator's comm shims factor "an element count",
+# sdk/perf_database.py `_factor_message_size`; its models query tokens x hidden), here 16-bit ones
+COMM_ELEMENT_BYTES = 2
 AIC_DIR = PROFILES / "aic"               # the shipped AIC-built library (profiles/build_aic.py)
 
 
@@ -289,6 +297,7 @@ class AicData:
                 "quality": {"prefill": _quality(ep), "decode": _quality(ed)},
                 "measured": {"prefill_chunk": [int(ctx["isl"].min()), int(ctx["isl"].max())],
                              "prefill_context": [int(ctx["isl"].min()), int(ctx["isl"].max())],
+                             "prefill_prefix": [0, 0],      # the context tables have no cached prefix
                              "decode_batch": [int(gen["batch_size"].min()), int(gen["batch_size"].max())],
                              "decode_context": [int(gen["context"].min()), int(gen["context"].max())]},
                 "kernels": self.attention_kernels(), "tables": [ctx_path, gen_path], "notes": notes}
@@ -305,29 +314,64 @@ class AicData:
         return df[(df["op_name"] == "all_reduce") & (df["nccl_dtype"] == "half")]
 
     def allreduce_choice(self, num_gpus: int, nbytes: int) -> tuple[str, float]:
-        """(kernel, ms) of one all-reduce of `nbytes` over `num_gpus` GPUs of one NVSwitch node, as the engine
-        chooses: custom all-reduce for a supported world size and a message under its max_size, else NCCL."""
+        """(kernel, ms) of one all-reduce of `nbytes` (16-bit elements) over `num_gpus` GPUs of one NVSwitch
+        node, as the engine chooses: custom all-reduce for a supported world size and a message under its
+        max_size, else NCCL (median over the table's repeated rows)."""
         use_custom = num_gpus in CUSTOM_AR_WORLD_SIZES and nbytes < CUSTOM_AR_MAX_BYTES
         table = self.custom_ar if use_custom else self.nccl
-        rows = table[(table["num_gpus"] == num_gpus) & (table["message_size"] == nbytes)]
+        rows = table[(table["num_gpus"] == num_gpus) & (table["message_size"] * COMM_ELEMENT_BYTES == nbytes)]
         if rows.empty:
             raise DataError(f"AIC {self.system}: no {'custom' if use_custom else 'NCCL'} all-reduce row for "
                             f"{num_gpus} GPUs at {nbytes} bytes")
         return ("custom" if use_custom else "nccl"), float(rows["latency"].median())
 
-    def allreduce_rows(self, num_gpus: int) -> list[tuple[int, float, str]]:
-        """(bytes, ms, kernel) at every message size both tables hold for `num_gpus` GPUs."""
+    def allreduce_rows(self, num_gpus: int, link_gbps: float) -> tuple[list[tuple[int, float, str]], list[str]]:
+        """((bytes, ms, kernel) at every message size both tables hold for `num_gpus` GPUs, the rows left out):
+        a row faster than a ring all-reduce can be over the link (2 (n-1)/n x bytes / ms above `link_gbps`:
+        NCCL's NVLink SHARP algorithm reduces in the switch, which the ring floor of the profile format
+        does not model) is left out and reported; past the last row the run extrapolates linearly."""
         sizes = sorted(set(self.nccl.loc[self.nccl["num_gpus"] == num_gpus, "message_size"])
                        & set(self.custom_ar.loc[self.custom_ar["num_gpus"] == num_gpus, "message_size"]))
-        out = []
+        out, dropped = [], []
         for s in sizes:
-            kind, ms = self.allreduce_choice(num_gpus, int(s))
-            out.append((int(s), ms, kind))
-        return out
+            nbytes = int(s) * COMM_ELEMENT_BYTES
+            kind, ms = self.allreduce_choice(num_gpus, nbytes)
+            ring_gbps = 2 * (num_gpus - 1) / num_gpus * nbytes / (ms / 1e3) / 1e9
+            if ring_gbps > link_gbps:
+                dropped.append(f"{kind} {num_gpus} GPUs {nbytes} B: {ring_gbps:.0f} GB/s ring-equivalent > link "
+                               f"{link_gbps:g}")
+                continue
+            out.append((nbytes, ms, kind))
+        return out, dropped
 
     def p2p_ms(self, nbytes: int) -> float:
         node = self.spec["node"]
         return (float(node["p2p_latency"]) + nbytes / float(node["intra_node_bw"])) * 1e3
+
+
+def aic_ground_truth(gpu: GpuSpec) -> dict:
+    """The built profiles' `[ground_truth]` (variance and host cost transferred from the calibrated profile) with
+    `decode_wave_fraction` = 0: that term pads FlashInfer's A100 decode kernel (one thread block per request and
+    KV head, no split over the context) to full waves of SMs, fitted to the transcribed A100 points. The AIC
+    decode rows are measured kernels of this GPU (FA3 / TRT-LLM, which split long contexts over the SMs): their
+    wave effects are in the rows already, and at batch 1 over a 32k context the transferred term would charge
+    the kernel about 4x what the table measured."""
+    gt = ground_truth_section(gpu)
+    gt["decode_wave_fraction"] = 0.0
+    gt["source"] += ("; decode_wave_fraction 0 for AIConfigurator-built profiles (measured decode kernels, "
+                     "sim/profiling/aic.py aic_ground_truth)")
+    return gt
+
+
+def fp8_slower_points(aic: AicData, shapes: dict[str, tuple[int, int]]) -> list[str]:
+    """"op@tokens" where the FP8 GEMM (as the profile reads it) is slower than the BF16 one at the same shape."""
+    out = []
+    for op, (n, k) in shapes.items():
+        m, f8, _ = aic.gemm_ms(n, k, "fp8")
+        _, bf, _ = aic.gemm_ms(n, k, "bf16")
+        keep = m <= GRID_MAX_TOKENS
+        out += [f"{op}@{int(t)}" for t, a, b in zip(m[keep], f8[keep], bf[keep]) if a > b]
+    return out
 
 
 def _quality(err: np.ndarray) -> dict:
@@ -351,6 +395,9 @@ def layer_table(aic: AicData, model: ModelArch, tp: int, weight_dtype: str) -> t
             out = pd.DataFrame(index=pd.Index(grid.astype(np.int64), name="num_tokens"))
         out[op] = ms
         how[op] = f"{n}x{k} {h}"
+    dense = out.index <= GRID_MAX_TOKENS
+    beyond = out[~dense].copy()
+    out = out[dense].copy()
     a, b = aic.elementwise_coeffs()
     ew = elementwise_bytes_per_token(arch, tp)
     tokens = out.index.to_numpy(float)
@@ -359,7 +406,25 @@ def layer_table(aic: AicData, model: ModelArch, tp: int, weight_dtype: str) -> t
         out["rmsnorm_x2" if op == "rmsnorm" else op] = 2 * val if op == "rmsnorm" else val
     out["linear_ms"] = out[list(GEMM_OPS)].sum(axis=1)
     out["layer_nonattn_ms"] = out[["linear_ms", "act", "rope", "rmsnorm_x2", "residual_add"]].sum(axis=1)
+    how["beyond"] = extrapolation_check(out, beyond)
     return out, how
+
+
+def extrapolation_check(dense: pd.DataFrame, beyond: pd.DataFrame) -> str:
+    """How the run's linear extrapolation past the dense grid (FORMAT.md: the least-squares rate over the top
+    half of the grid) compares with the table's sparse GEMM points past it (sum of the four GEMMs)."""
+    if beyond.empty:
+        return "no GEMM points past the grid"
+    lin = dense["linear_ms"]
+    top = lin[lin.index >= lin.index[-1] / 2]
+    x = top.index.to_numpy(float)
+    rate = max(0.0, float(np.polyfit(x, top.to_numpy(float), 1)[0]))
+    parts = []
+    for m, row in beyond.iterrows():
+        meas = float(sum(row[op] for op in GEMM_OPS))
+        pred = float(lin.iloc[-1]) + rate * (m - lin.index[-1])
+        parts.append(f"{int(m)}: {pred / meas - 1:+.1%}")
+    return "linear extrapolation of the four GEMMs vs the table's points past the grid: " + ", ".join(parts)
 
 
 def render_layer_csv(layer: pd.DataFrame, compact: bool) -> str:
@@ -409,21 +474,23 @@ def build_aic_profile(model: ModelArch, gpu: GpuSpec, tp: int, out: str | Path, 
     ctx_len = model.context_length_tokens or 32768
     att = aic.attention_fit(q_heads, kv_heads, model.head_dim, kv_dtype, ctx_len)
     _, lm, lm_how = aic.gemm_ms(model.vocab_size, model.hidden_size, "bf16")
-    ar = {tp: aic.allreduce_rows(tp)} if tp > 1 else {}
+    link = gpu.nvlink_gbps
+    if not link:
+        raise DataError(f"profiles/gpus/{gpu.name}.toml [gpu]: field 'nvlink_gbps' is needed for --data aic")
+    ar, ar_dropped = {}, []
+    if tp > 1:
+        ar[tp], ar_dropped = aic.allreduce_rows(tp, link)
     p2p_sizes = sorted({s for rows in ar.values() for s, _, _ in rows}
-                       or set(aic.nccl["message_size"].astype(int)))
+                       or set(aic.nccl["message_size"].astype(int) * COMM_ELEMENT_BYTES))
     p2p = [(s, aic.p2p_ms(s)) for s in p2p_sizes]
     scaling, scale_records = gpu_scaling(gpu)
     shapes = gemm_shapes(model.kernel_arch, tp)
-    suspects = aic.suspect_gemm_rows(list(shapes.values())) if weight_dtype == "fp8" else pd.DataFrame()
+    suspects = fp8_slower_points(aic, shapes) if weight_dtype == "fp8" else []
     gd, gk = GEMM_KERNELS[weight_dtype]
     version = package_version()
     gemm_path = aic.rel("gemm", "gemm_perf.parquet")
     ar_path = aic.rel("comm", "custom_allreduce_perf.parquet")
     nccl_path = aic.rel("comm", "nccl_perf.parquet", engine="nccl", version=aic.nccl_version)
-    link = gpu.nvlink_gbps
-    if not link:
-        raise DataError(f"profiles/gpus/{gpu.name}.toml [gpu]: field 'nvlink_gbps' is needed for --data aic")
     a_ew, b_ew = aic.elementwise_coeffs()
     ar_kinds = sorted({k for rows in ar.values() for _, _, k in rows})
     custom_upto = max((s for rows in ar.values() for s, _, k in rows if k == "custom"), default=0)
@@ -473,10 +540,11 @@ def build_aic_profile(model: ModelArch, gpu: GpuSpec, tp: int, out: str | Path, 
                      **({"comm_bytes": [int(ar[tp][0][0]), int(ar[tp][-1][0])]} if ar else {}),
                      "source": f"tokens: the m grid of {gemm_path}; attention: the rows fitted ({', '.join(att['tables'])})",
                      "beyond": BEYOND},
-        "ground_truth": ground_truth_section(gpu),
+        "ground_truth": aic_ground_truth(gpu),
         "derivation": {
             "layer_nonattn": (f"GEMMs from {gemm_path} ({gd}, {gk}) at (N x K) per op for TP{tp}: "
                               + "; ".join(f"{op} {gemm_how[op]}" for op in GEMM_OPS)
+                              + f"; grid up to {GRID_MAX_TOKENS} tokens (the table's dense part); {gemm_how['beyond']}"
                               + f"; act, rope, 2 x rmsnorm, residual add by bytes moved as AIConfigurator costs memory "
                                 f"ops: {a_ew:.4g} ms + bytes / ({aic.spec['gpu']['mem_bw']:.4g} B/s x "
                                 f"{aic.spec['gpu']['mem_bw_empirical_scaling_factor']}) (systems/{aic.system}.yaml)"),
@@ -486,19 +554,26 @@ def build_aic_profile(model: ModelArch, gpu: GpuSpec, tp: int, out: str | Path, 
                           + ("; " + "; ".join(att["notes"]) if att["notes"] else "")),
             "lm_head": f"lm_head_ms = the BF16 GEMM table at {model.vocab_size}x{model.hidden_size}, 1 token ({lm_how})",
             "overhead": "embedding_ms, sample_ms, broadcast_us: defaults, not fitted",
-            "comm": ((f"all_reduce rows: vLLM's choice per message size ({', '.join(ar_kinds)}): custom all-reduce "
+            "comm": (f"NCCL table folder {aic.nccl_version} (the system's nccl_version; its rows' version column "
+                     f"says {', '.join(sorted(set(aic.nccl['version'].astype(str))))}); "
+                     + ((f"all_reduce rows: vLLM's choice per message size ({', '.join(ar_kinds)}): custom all-reduce "
                       f"({ar_path}, CUDA-graph rows) below {CUSTOM_AR_MAX_BYTES} bytes for world sizes "
                       f"{CUSTOM_AR_WORLD_SIZES} on one NVLink node (largest custom row: {custom_upto} bytes), NCCL "
                       f"{aic.nccl_version} ({nccl_path}) above; ") if ar else "tp1: no all-reduce; ")
+                     + (f"rows left out (faster than a ring over the link): {'; '.join(ar_dropped)}; "
+                        if ar_dropped else "")
+                     + "message sizes: the tables' element counts x 2 bytes; "
                      + f"send_recv rows: AIConfigurator's P2P model, p2p_latency + bytes / intra_node_bw "
-                       f"(systems/{aic.system}.yaml; no measured P2P table)",
+                       f"(systems/{aic.system}.yaml; no measured P2P table)"),
             "scaling": f"{scaling['status']} ({scaling['source']})",
             "dtypes": (f"weights {weight_dtype} ({DTYPE_BYTES[weight_dtype]} B per element of the linear layers; "
                        f"embedding and LM head 16-bit), KV cache {kv_dtype} ({DTYPE_BYTES[kv_dtype]} B), activations "
                        "and collectives 16-bit"),
-            "suspect_rows": (f"{len(suspects)} FP8 GEMM rows at this profile's shapes are slower than their BF16 twin "
-                             f"(used as measured: an FP8 checkpoint runs the FP8 kernel)" if weight_dtype == "fp8"
-                             else "none checked (BF16)"),
+            "suspect_rows": ((f"FP8 GEMM slower than its BF16 twin at {len(suspects)} of "
+                              f"{4 * len(layer)} (op, tokens) points of this profile"
+                              + (f" ({', '.join(suspects[:6])}{', ...' if len(suspects) > 6 else ''})" if suspects else "")
+                              + "; used as measured: an FP8 checkpoint runs the FP8 kernel")
+                             if weight_dtype == "fp8" else "none checked (BF16)"),
         },
         "fit_errors": {**{f"attention_{c}_median_rel_err": q["median_rel_err"] for c, q in att["quality"].items()},
                        **{f"attention_{c}_p90_rel_err": q["p90_rel_err"] for c, q in att["quality"].items()},
