@@ -136,12 +136,36 @@ def decode_steps() -> str:
     return "\n".join(lines)
 
 
+def fp8_buys() -> str:
+    from sim.latency.profiled import kv_capacity_tokens
+
+    lines = ["| GPU | model | TP | weights / KV | KV pool (tokens, mem 0.9) | prefill 2048 tokens ms | decode 64 x 4096 ms | "
+             "decode 256 x 2048 ms |", "|---|---|---|---|---|---|---|---|"]
+    for gpu, name, tp in (("h100-sxm-80gb", "llama-3.1-70b", 4), ("h100-sxm-80gb", "llama-3.1-8b", 1),
+                          ("h200-sxm", "llama-3.1-70b", 2), ("b200-sxm", "llama-3.1-70b", 2)):
+        for w in ("bf16", "fp8"):
+            p = REPO / "profiles" / "aic" / gpu / "vllm" / f"{name}-{w}-kv{w}" / f"tp{tp}"
+            if not (p / "meta.toml").is_file():
+                continue
+            prof = Profile.load(p)
+            m = ProfiledLatencyModel(prof, 1, variance=False)
+            cells = []
+            for st in (BatchStats.prefill(2048), BatchStats.decode(64, 4096), BatchStats.decode(256, 2048)):
+                s = m.stage_time(st, 0)
+                cells.append(f"{(s.total_s - s.overhead_s) * 1e3:.2f}")
+            lines.append(f"| {gpu} | {name} | {tp} | {w} / {w} | {kv_capacity_tokens(prof, 1, 0.9):,} | "
+                         + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def render() -> str:
     return "\n\n".join([MARK, "### (a) H200: AIC tables against kernels measured here", h200_table(),
                         "### (b) H100 BF16, per layer: the four GEMMs of one TP shard (ms, Vidur / AIC (AIC vs Vidur)) "
                         "by tokens", layer_table_vs_vidur(),
                         "### (b) H100 BF16, attention per layer", attention_vs_vidur(),
                         "### (b) H100 BF16, one decode step of Llama-3.1-70B at TP8 (PP1, whole model)", decode_steps(),
+                        "### (c) What FP8 buys (AIC profiles, whole model at PP1, GPU time without host cost)",
+                        fp8_buys(),
                         MARK])
 
 

@@ -6,6 +6,8 @@
     python experiments/validation/run.py --quick         # smoke run: <= 200 requests a case, runs/validation-quick/
     python experiments/validation/run.py --extract B1=FILE.json   # re-derive data/B1.csv from the original result file
     python experiments/validation/run.py --check-data    # the data files against cases.toml (lengths, totals)
+    python experiments/validation/run.py --profiles aic --no-toggles   # the H100 cases on AIConfigurator-built
+                                                          # profiles (profiles/aic/), written to runs/validation-aic/
 
 Each case of `cases.toml` (source, engine and version that ran, GPU, model, TP, flags, workload, rate
 and the published numbers, verbatim) is simulated once on seed 1 with the PipeSim engine that case
@@ -100,7 +102,25 @@ def load_cases(path: Path = CASES_FILE) -> list[dict]:
         for key in c["real"]:
             if key not in METRICS:
                 raise SystemExit(f"{path}: case {c['id']}: unknown metric {key!r}; allowed: {', '.join(METRICS)}")
+    if os.environ.get(PROFILES_ENV) == "aic":
+        cases = [c for c in cases if aic_profile(c) is not None]
+        for c in cases:
+            c["sim"] = dict(c["sim"], profile=aic_profile(c))
     return cases
+
+
+PROFILES_ENV = "PIPESIM_VALIDATION_PROFILES"   # "aic": the cases with an AIConfigurator-built twin, on it
+
+
+def aic_profile(case: dict) -> str | None:
+    """The AIConfigurator-built BF16 twin (profiles/aic/<gpu>/vllm/<model>-bf16-kvbf16/tp<T>) of a case's
+    Vidur-built profile, or None where the AIC library has none (A100s)."""
+    parts = Path(case["sim"]["profile"]).parts
+    if parts[:2] != ("profiles", "built"):
+        return None
+    gpu, model, tp = parts[2], parts[3], parts[4]
+    twin = Path("profiles", "aic", gpu, "vllm", f"{model}-bf16-kvbf16", tp)
+    return str(twin) if (REPO / twin / "meta.toml").is_file() else None
 
 
 def case_by_id(cases: list[dict]) -> dict[str, dict]:
@@ -432,7 +452,8 @@ def _group_stats(rows: list[dict], key) -> list[tuple[str, int, float, float, fl
 
 
 def sim_gpu(case: dict) -> str:
-    name = Path(case["sim"]["profile"]).parts[-3]
+    parts = Path(case["sim"]["profile"]).parts
+    name = parts[2] if parts[:2] == ("profiles", "aic") else parts[-3]
     return PROFILE_GPUS.get(name, name)
 
 
@@ -612,7 +633,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--extract", action="append", default=[], metavar="ID=FILE",
                     help="re-derive data/<ID>.csv from the original vLLM result JSON")
     ap.add_argument("--check-data", action="store_true", help="check the data files against cases.toml and exit")
+    ap.add_argument("--profiles", choices=("vidur", "aic"), default="vidur", help="aic: only the cases whose "
+                    "profile has an AIConfigurator-built twin, run on it (default output runs/validation-aic/)")
     args = ap.parse_args(argv)
+    if args.profiles == "aic":
+        os.environ[PROFILES_ENV] = "aic"
 
     cases = load_cases()
     by_id = case_by_id(cases)
@@ -630,9 +655,11 @@ def main(argv: list[str] | None = None) -> int:
         if unknown:
             raise SystemExit(f"--only: unknown case(s) {', '.join(unknown)}; known: {', '.join(by_id)}")
         cases = [c for c in cases if c["id"] in wanted]
-    partial = bool(args.only) or args.quick
+    partial = bool(args.only) or args.quick or args.profiles == "aic"
     if args.out:
         out = Path(args.out)
+    elif args.profiles == "aic":
+        out = REPO / "runs" / "validation-aic"
     elif partial:
         out = REPO / "runs" / ("validation-quick" if args.quick else "validation")
     else:
