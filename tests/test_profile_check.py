@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import shutil
@@ -26,6 +27,12 @@ L8 = REPO / "profiles" / "built" / "a100-sxm-80gb" / "llama-3.1-8b" / "tp1"
 SHIPPED = shipped_profile_dirs()
 
 
+@functools.cache
+def _shipped(d) -> Profile:
+    """Each shipped profile loaded once for the loops below (343 of them; read-only use)."""
+    return Profile.load(d)
+
+
 def test_every_profile_is_found():
     hand = [d for d in SHIPPED if "built" not in d.parts and "aic" not in d.parts]
     assert len(hand) == 12 and len(SHIPPED) - len(hand) == len(list((REPO / "profiles" / "built").rglob("meta.toml"))) \
@@ -37,7 +44,7 @@ def test_every_profile_is_found():
 def test_no_shipped_profile_exceeds_a_physical_bound_up_to_its_context_length():
     bad = []
     for d in SHIPPED:
-        prof = Profile.load(d)
+        prof = _shipped(d)
         assert prof.context_length, f"{d}: [model] context_length_tokens missing"
         report = check_profile(prof)
         assert report.max_tokens == prof.context_length
@@ -51,7 +58,7 @@ def test_no_shipped_profile_exceeds_a_physical_bound_up_to_its_context_length():
 
 def test_non_attention_time_at_2n_is_at_least_1_6x_that_at_n_for_every_shipped_profile():
     for d in SHIPPED:
-        prof = Profile.load(d)
+        prof = _shipped(d)
         m = ProfiledLatencyModel(prof, 1, variance=False)
         ns = sorted({4096, 4097, 4500, 5000, 6000, 6144, 7000, 8191, 8192, 12288, 16384, 24576,
                      prof.context_length // 2})
@@ -232,7 +239,7 @@ def test_lm_head_is_compute_bound_for_many_sequences_and_both_paths_agree():
 
 def test_comm_floor_and_built_bandwidths_never_exceed_the_link():
     for d in SHIPPED:
-        meta = Profile.load(d).meta
+        meta = _shipped(d).meta
         link = meta["roofline"]["link_bw_gbps"]
         assert meta["comm"]["p2p_bw_gbps"] <= link and meta["comm"]["allreduce_busbw_gbps"] <= link, d
     a40 = Profile.load(REPO / "profiles" / "built" / "a40-48gb" / "llama-3.1-8b" / "tp2").meta
@@ -243,7 +250,7 @@ def test_comm_floor_and_built_bandwidths_never_exceed_the_link():
 
 def test_roofline_sections_agree_with_the_gpu_and_interconnect_specs():
     for d in SHIPPED:
-        meta = Profile.load(d).meta
+        meta = _shipped(d).meta
         rl = meta["roofline"]
         gpu, base = load_gpu(rl["gpu_spec"]), load_gpu(rl["base_gpu_spec"])
         ic = load_interconnect(rl["interconnect"])
