@@ -155,3 +155,22 @@ def test_missing_package_is_a_one_line_error(monkeypatch):
     monkeypatch.setattr(aic.importlib.util, "find_spec", lambda name: None)
     with pytest.raises(DataError, match=r"pip install 'pipesim\[aic\]'"):
         aic.package_root()
+
+
+def test_sglang_tables_and_its_custom_allreduce(tmp_path):
+    """--engine sglang: SGLang 0.5.14's own GEMM, attention (fa3 on Hopper) and custom all-reduce tables, with
+    SGLang's rule (_MAX_CAR_SIZE = 8 MiB, the same as vLLM's)."""
+    from sim.profiling.aic import AicData, build_aic_profile
+    from sim.profiling.specs import load_gpu, load_model
+
+    sg = AicData("h200_sxm", "sglang")
+    assert sg.version == "0.5.14" and sg.attention_kernels() == ("fa3", "fa3")
+    kind, ms = sg.allreduce_choice(2, 1 << 20)
+    ca = sg.custom_ar
+    assert kind == "custom" and set(ca["kernel_source"]) == {"SGLang_CustomAllReduce_graph"}
+    assert ms == float(ca[(ca["num_gpus"] == 2) & (ca["message_size"] == 1 << 19)]["latency"].median())
+    prof = build_aic_profile(load_model("llama-3.1-8b"), load_gpu("h200-sxm"), 2, tmp_path / "p", engine="sglang",
+                             aic=sg)
+    p = prof.meta["profile"]
+    assert (p["engine"], p["engine_version"], p["gemm_kernel"]) == ("sglang", "0.5.14", "sglang_torch_linear")
+    assert "SGLang's choice" in prof.meta["derivation"]["comm"]

@@ -323,9 +323,10 @@ interconnects: profiles/interconnects/<name>.toml (default: the GPU's default_in
 --data aic builds from AIConfigurator's measured kernel database instead (the optional extra
 pipesim[aic], package aiconfigurator-core; read offline from its installed files): GEMMs, attention
 and the engine's all-reduce choice measured on the GPU itself (h100-sxm-80gb, h200-sxm, b200-sxm),
-for one engine and version (--engine vllm: vLLM 0.24.0), with --weight-dtype bf16|fp8 (the GEMM
-kernels and the bytes of the linear layers' weights) and --kv-dtype bf16|fp8 (the attention kernels
-and the KV cache's bytes). meta.toml records the package version, system, engine, kernels and dtypes.
+for one engine and version (--engine vllm: vLLM 0.24.0, the default; sglang: SGLang 0.5.14), with
+--weight-dtype bf16|fp8 (the GEMM kernels and the bytes of the linear layers' weights) and
+--kv-dtype bf16|fp8 (the attention kernels and the KV cache's bytes). meta.toml records the package
+version, system, engine, kernels and dtypes.
 The shipped AIC library is profiles/aic/ (python profiles/build_aic.py).
 
 examples:
@@ -554,8 +555,8 @@ def add_commands(subparsers) -> None:
     p.add_argument("--all", action="store_true", help="rebuild the shipped library profiles/built/")
     p.add_argument("--data", choices=("vidur", "aic"), default="vidur", help="kernel-data source: vidur (the "
                    "shipped kernel models, default) or aic (AIConfigurator's database, extra pipesim[aic])")
-    p.add_argument("--engine", choices=("vllm",), default=None, help="--data aic: the engine whose tables "
-                   "and all-reduce choice are used (default vllm)")
+    p.add_argument("--engine", choices=("vllm", "sglang"), default=None, help="--data aic: the engine whose "
+                   "tables and all-reduce choice are used: vllm (0.24.0, default) or sglang (0.5.14)")
     p.add_argument("--weight-dtype", choices=("bf16", "fp8"), default=None, help="--data aic: the linear "
                    "layers' weights (default bf16)")
     p.add_argument("--kv-dtype", choices=("bf16", "fp8"), default=None, help="--data aic: the KV cache "

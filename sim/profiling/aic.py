@@ -27,11 +27,11 @@ profile (profiles/FORMAT.md) the way `sim.profiling.build` composes one from Vid
   table lacks the shard's query-head count (e.g. Qwen2.5-7B's 28), the nearest measured count with the
   same KV heads stands in, prefill rates scaled by the query-head ratio (FLOPs), decode kept (KV bytes).
   The kernel is the one the engine runs on the GPU: FlashAttention-3 on Hopper, FlashInfer's TRT-LLM
-  kernels on Blackwell (`ATTENTION_KERNELS`).
+  kernels on Blackwell (`ATTENTION_KERNELS`); SGLang 0.5.14 (`--engine sglang`): fa3 / trtllm_mha.
 - **Communication** (`comm.csv`, `[comm] model = "table"`): the TP all-reduce per message size is the
-  engine's own choice, `allreduce_choice`: vLLM's custom all-reduce (`custom_allreduce_perf.parquet`,
-  CUDA-graph rows) for world sizes 2, 4, 6, 8 on one fully connected NVLink node and messages under its
-  `max_size` of 8 MiB (vLLM `CustomAllreduce.__init__` and `should_custom_ar`,
+  engine's own choice, `allreduce_choice`: vLLM's (and SGLang's, same rule) custom all-reduce
+  (`custom_allreduce_perf.parquet`, CUDA-graph rows) for world sizes 2, 4, 6, 8 on one fully connected
+  NVLink node and messages under its `max_size` of 8 MiB (vLLM `CustomAllreduce.__init__` and `should_custom_ar`,
   vllm/distributed/device_communicators/custom_all_reduce.py), NCCL's measured all-reduce
   (`comm/nccl/<the system's nccl_version>/nccl_perf.parquet`) otherwise. AIConfigurator has no
   point-to-point table; its P2P model (p2p_latency + bytes / intra_node_bw, `systems/<system>.yaml`) gives
@@ -72,24 +72,35 @@ MODULE = "aiconfigurator_core"
 # not wired; Vidur's A100 data stays its source)
 SYSTEMS = {"h100-sxm-80gb": "h100_sxm", "h200-sxm": "h200_sxm", "b200-sxm": "b200_sxm"}
 # engine -> the version whose GEMM, attention and custom all-reduce tables every system above has
-ENGINE_VERSIONS = {"vllm": {"h100_sxm": "0.24.0", "h200_sxm": "0.24.0", "b200_sxm": "0.24.0"}}
-# dtype -> (gemm_dtype, kernel_source) of the GEMM table
-GEMM_KERNELS = {"bf16": ("bfloat16", "torch.nn.functional.linear"),
-                "fp8": ("fp8", "CutlassFP8ScaledMMLinearKernel")}
+ENGINE_VERSIONS = {"vllm": {"h100_sxm": "0.24.0", "h200_sxm": "0.24.0", "b200_sxm": "0.24.0"},
+                   "sglang": {"h100_sxm": "0.5.14", "h200_sxm": "0.5.14", "b200_sxm": "0.5.14"}}
+# engine -> dtype -> (gemm_dtype, kernel_source) of the GEMM table: the dense BF16 linear, and the per-tensor FP8
+# linear each engine runs for FP8 checkpoints (block-scaled FP8 kernels, for DeepSeek-style checkpoints, not used)
+GEMM_KERNELS = {"vllm": {"bf16": ("bfloat16", "torch.nn.functional.linear"),
+                         "fp8": ("fp8", "CutlassFP8ScaledMMLinearKernel")},
+                "sglang": {"bf16": ("bfloat16", "sglang_torch_linear"),
+                           "fp8": ("fp8", "sglang_sgl_kernel_fp8_scaled_mm")}}
 DTYPE_BYTES = {"bf16": 2, "fp8": 1}
 KV_DTYPES = {"bf16": "bfloat16", "fp8": "fp8"}
-# sm_version of the system YAML -> (context, generation) attention kernel the engine runs there: vLLM picks
-# FlashAttention (FA3 on Hopper) and, on Blackwell, FlashInfer with TRT-LLM-generated kernels
-# (vllm/platforms/cuda.py, attention backend priorities)
-ATTENTION_KERNELS = {90: ("vllm_flash_attn_fa3", "vllm_flash_attn_fa3"),
-                     100: ("vllm_flashinfer_trtllmprefill", "vllm_flashinfer_trtllmdecode")}
+# engine -> sm_version of the system YAML -> (context, generation) attention kernel the engine runs there by
+# default: vLLM picks FlashAttention (FA3 on Hopper) and, on Blackwell, FlashInfer with TRT-LLM-generated
+# kernels (vllm/platforms/cuda.py, attention backend priorities); SGLang 0.5 defaults to fa3 on Hopper and
+# trtllm_mha on Blackwell for MHA/GQA models (python/sglang/srt/server_args.py, attention backend choice)
+ATTENTION_KERNELS = {"vllm": {90: ("vllm_flash_attn_fa3", "vllm_flash_attn_fa3"),
+                              100: ("vllm_flashinfer_trtllmprefill", "vllm_flashinfer_trtllmdecode")},
+                     "sglang": {90: ("fa3", "fa3"), 100: ("trtllm_mha", "trtllm_mha")}}
 # The GEMM tables' m grid is dense up to 4353 tokens (steps of 256, each boundary and boundary + 1) and then
 # jumps to 8192, 16384, 32768: rounding a 5000-token batch up to 8192 would charge it 1.6x. The profile keeps the
 # dense part; past it the run extrapolates linearly in tokens (FORMAT.md), which the sparse points check
 # (`extrapolation_check`, written into [derivation]).
 GRID_MAX_TOKENS = 4353
-CUSTOM_AR_MAX_BYTES = 8192 * 1024        # vLLM CustomAllreduce(max_size=8192 * 1024)
-CUSTOM_AR_WORLD_SIZES = (2, 4, 6, 8)     # vLLM CustomAllreduce._SUPPORTED_WORLD_SIZES
+# Both engines' custom all-reduce on CUDA: world sizes 2, 4, 6, 8 (`_SUPPORTED_WORLD_SIZES`), messages under
+# 8 MiB (vLLM `CustomAllreduce(max_size=8192 * 1024)`, vllm/distributed/device_communicators/custom_all_reduce.py;
+# SGLang `CustomAllreduce._MAX_CAR_SIZE = 8192 * 1024`, python/sglang/srt/distributed/device_communicators/
+# custom_all_reduce.py), on 2 GPUs or a fully connected NVLink group (`should_custom_ar`)
+CUSTOM_AR_MAX_BYTES = 8192 * 1024
+ENGINE_NAMES = {"vllm": "vLLM", "sglang": "SGLang"}
+CUSTOM_AR_WORLD_SIZES = (2, 4, 6, 8)
 # The comm tables' message_size counts elements (AIConfigurator's comm shims factor "an element count",
 # sdk/perf_database.py `_factor_message_size`; its models query tokens x hidden), here 16-bit ones
 COMM_ELEMENT_BYTES = 2
@@ -179,9 +190,10 @@ class AicData:
         """(m grid, n grid, k grid, ms[m, n, k]) of one dtype's kernel (median over duplicate rows)."""
         if dtype in self._cubes:
             return self._cubes[dtype]
-        if dtype not in GEMM_KERNELS:
-            raise DataError(f"weight dtype {dtype!r}: allowed: {', '.join(GEMM_KERNELS)}")
-        gd, ks = GEMM_KERNELS[dtype]
+        kernels = GEMM_KERNELS[self.engine]
+        if dtype not in kernels:
+            raise DataError(f"weight dtype {dtype!r}: allowed: {', '.join(kernels)}")
+        gd, ks = kernels[dtype]
         df = self._gemm[(self._gemm["gemm_dtype"] == gd) & (self._gemm["kernel_source"] == ks)]
         if df.empty:
             raise DataError(f"{self.rel('gemm', 'gemm_perf.parquet')}: no {gd} rows of {ks}")
@@ -240,7 +252,7 @@ class AicData:
         return int(self.spec["gpu"]["sm_version"])
 
     def attention_kernels(self) -> tuple[str, str]:
-        ker = ATTENTION_KERNELS.get(self.sm_version)
+        ker = ATTENTION_KERNELS[self.engine].get(self.sm_version)
         if ker is None:
             raise DataError(f"AIC system {self.system}: no attention kernel chosen for sm_version {self.sm_version}")
         return ker
@@ -486,7 +498,7 @@ def build_aic_profile(model: ModelArch, gpu: GpuSpec, tp: int, out: str | Path, 
     scaling, scale_records = gpu_scaling(gpu)
     shapes = gemm_shapes(model.kernel_arch, tp)
     suspects = fp8_slower_points(aic, shapes) if weight_dtype == "fp8" else []
-    gd, gk = GEMM_KERNELS[weight_dtype]
+    gd, gk = GEMM_KERNELS[engine][weight_dtype]
     version = package_version()
     gemm_path = aic.rel("gemm", "gemm_perf.parquet")
     ar_path = aic.rel("comm", "custom_allreduce_perf.parquet")
@@ -556,7 +568,7 @@ def build_aic_profile(model: ModelArch, gpu: GpuSpec, tp: int, out: str | Path, 
             "overhead": "embedding_ms, sample_ms, broadcast_us: defaults, not fitted",
             "comm": (f"NCCL table folder {aic.nccl_version} (the system's nccl_version; its rows' version column "
                      f"says {', '.join(sorted(set(aic.nccl['version'].astype(str))))}); "
-                     + ((f"all_reduce rows: vLLM's choice per message size ({', '.join(ar_kinds)}): custom all-reduce "
+                     + ((f"all_reduce rows: {ENGINE_NAMES[engine]}'s choice per message size ({', '.join(ar_kinds)}): custom all-reduce "
                       f"({ar_path}, CUDA-graph rows) below {CUSTOM_AR_MAX_BYTES} bytes for world sizes "
                       f"{CUSTOM_AR_WORLD_SIZES} on one NVLink node (largest custom row: {custom_upto} bytes), NCCL "
                       f"{aic.nccl_version} ({nccl_path}) above; ") if ar else "tp1: no all-reduce; ")
