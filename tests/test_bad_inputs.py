@@ -52,7 +52,7 @@ CASES = [
     ("override-into-a-value", run_set("seed.x=3"), ["--set 'seed.x=3'", "'seed' is not a table"]),
     ("section-replaced-by-value", run_set("parallel=3"), ["--set parallel=3", "[parallel] must be a table"]),
     ("zero-requests", run_set("workload.num_requests=0"), ["--set workload.num_requests=0", "positive integer"]),
-    ("unknown-workload-kind", run_set('workload.kind="zz"'), ["kind", "'zz'", "allowed: conversation, poisson"]),
+    ("unknown-workload-kind", run_set('workload.kind="zz"'), ["kind", "'zz'", "allowed: bench, conversation, poisson"]),
     ("unknown-length-source", run_set('workload.lengths.source="bogus"'),
      ["lengths.source", "one of: pairs", "'bogus'"]),
     ("tiny-context", run_set("scheduler.context_length_tokens=2"), ["context_length_tokens must be an integer in [8, "]),

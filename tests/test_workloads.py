@@ -46,7 +46,7 @@ def test_named_files_exist_with_kind_and_description():
     assert set(workload_kinds.names()) == set(KINDS)
 
 
-KINDS = ("trace", "poisson", "synthetic-uniform", "conversation", "shared-prefix")
+KINDS = ("trace", "poisson", "synthetic-uniform", "conversation", "shared-prefix", "bench")
 
 
 @pytest.mark.parametrize("name", SAMPLED)

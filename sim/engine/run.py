@@ -6,7 +6,7 @@ Pure: no files are written here (the CLI and the experiment layer do I/O).
 from __future__ import annotations
 
 import gc
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import simpy
@@ -18,13 +18,16 @@ from sim.engine.records import IterationLog
 from sim.engine.requests import RequestArrays, RequestTable
 from sim.engine.schedulers import EngineSettings, Hardware, engine as engine_for
 from sim.core.errors import ConfigError
+from sim.core.lazy import lazy
 from sim.latency.constant import ConstantLatencyModel  # noqa: F401  (registers "constant")
 from sim.latency.profiled import Profile, ProfiledLatencyModel
 from sim.latency.base import BatchStats
 from sim.core.plugins import load_all as load_plugins
 from sim.policies import PolicyContext
 from sim.policies.guards import build_chunk_policy, build_rebalancer
-from sim.workloads import RequestSpec, build_workload
+from sim.workloads import RequestSpec, build_workload, workload_client
+
+np = lazy("numpy")  # imported on first use (sim/core/lazy.py)
 
 
 @dataclass
@@ -137,11 +140,24 @@ def run(cfg: RunConfig, requests: list[RequestSpec] | RequestArrays | None = Non
     load_plugins(cfg.plugins.modules)  # idempotent; this is how worker processes get them
     if requests is None:
         requests = build_workload(cfg.workload, seed=cfg.seed)
+    client_spec = workload_client(cfg.workload)
+    driven = client_spec is not None and client_spec.drives_arrivals
+    if driven and cfg.disaggregation is not None:
+        raise ConfigError("config [workload]: 'concurrency' / 'max_concurrency' are not modelled with "
+                          "[disaggregation] yet; allowed: an open-loop workload (no concurrency fields)")
     if cfg.disaggregation is not None:  # prefill and decode pools (sim/engine/disagg.py)
         from sim.engine.disagg import run_disaggregated
 
-        return run_disaggregated(cfg, requests, keep_iterations=keep_iterations, alt_slos=alt_slos, itls=itls)
+        result = run_disaggregated(cfg, requests, keep_iterations=keep_iterations, alt_slos=alt_slos, itls=itls)
+        result.extras["client"] = client_spec  # an open-loop client's timeouts (sim/outputs/metrics.py)
+        return result
     arrays = RequestArrays.of(requests)
+    ready_s = None
+    if driven:
+        # send times depend on completions: the client process (sim/engine/client.py) writes each
+        # request's arrival when it sends it; unsent rows hold inf (not arrived)
+        ready_s = client_spec.ready_s(arrays.arrival_s)
+        arrays = replace(arrays, arrival_s=np.full(len(arrays), np.inf))
     del requests  # the arrays hold the workload; a list of RequestSpec is ~150 bytes a request
     latency = build_latency(cfg)
     placed, latencies = None, None
@@ -201,7 +217,7 @@ def run(cfg: RunConfig, requests: list[RequestSpec] | RequestArrays | None = Non
             return None
         f = slo.stop_factor / 1e3
         # certain to meet: only where the full run's every request arrives and one pool holds them
-        met = slo.stop_when_met and n == 1 and not cfg.horizon_s
+        met = slo.stop_when_met and n == 1 and not cfg.horizon_s and not driven
         return SLOGuard(table, slo.ttft_ms * f, slo.tpot_ms * f, slo.ttft_percentile, slo.tpot_percentile,
                         None if slo.e2e_ms is None else slo.e2e_ms * f, slo.e2e_percentile,
                         kv_tokens=kv if met else None)
@@ -216,6 +232,16 @@ def run(cfg: RunConfig, requests: list[RequestSpec] | RequestArrays | None = Non
         def on_finish(req, guard=guard):
             guard.finished(req)
             table.finish(req)
+    client = None
+    if driven:
+        from sim.engine.client import Client
+        from sim.core.rng import stream
+
+        finish_table = on_finish
+
+        def on_finish(req, finish_table=finish_table):
+            finish_table(req)
+            client.finished(req)
     pipes = []
     for i in range(n):
         policy, rebalancer = build_policies()
@@ -228,7 +254,7 @@ def run(cfg: RunConfig, requests: list[RequestSpec] | RequestArrays | None = Non
         sched = eng.build(settings, cfg.parallel.pp, kv, max_running, policy.initial_chunk(), cfg.server.on_kv_exhausted,
                           sc)
         sched.on_finish = on_finish
-        inbox = Inbox(env, table) if n == 1 else Inbox(env)
+        inbox = Inbox(env, table) if n == 1 and not driven else Inbox(env)
         pipes.append(Pipeline(env, sched, latencies[i] if latencies else latency, policy, inbox, cfg.horizon_s,
                               rebalancer=rebalancer,
                               slo_tpot_s=context.slo_tpot_s, guard=guard,
@@ -236,7 +262,19 @@ def run(cfg: RunConfig, requests: list[RequestSpec] | RequestArrays | None = Non
                               alone=n == 1))
         if not keep_iterations:
             pipes[-1].log.spill = True  # before its first record: the summary's columns go to files
-    if n > 1:
+    if driven:
+        def send(req):
+            target = pick_replica(req.row, pipes, cfg.parallel.router)
+            req.replica = target
+            pipes[target].inbox.push(req)
+
+        def close():
+            for p in pipes:
+                p.inbox.close()
+
+        client = Client(env, table, ready_s, client_spec.think_s(len(table), stream(cfg.seed, "think")),
+                        client_spec.slots, client_spec.request_timeout_s, send, close)
+    elif n > 1:
         env.process(route(env, table, pipes, cfg.parallel.router))
     # The objects alive before the simulation (imported modules, the workload, profiles, a sweep
     # worker's caches) are left out of the collector's full passes while it runs: they survive
@@ -267,6 +305,7 @@ def run(cfg: RunConfig, requests: list[RequestSpec] | RequestArrays | None = Non
         host_s=log.columns["host_s"] if keep_iterations else [],
         extras={"stage_layers": list(getattr(latency, "layers", [])),
                 "engine": settings,
+                "client": client_spec,  # the client loop (sim/workloads/client.py); None: open loop
                 "engine_events": sorted(e for p in pipes for e in getattr(p.sched, "events", [])),
                 "prefix_cache": _cache_stats(pipes) if settings.prefix_cache else None,
                 "num_kv_exhausted": sum(p.sched.kv_exhausted_events for p in pipes),
@@ -297,15 +336,21 @@ def route(env: simpy.Environment, table: RequestTable, pipes: list[Pipeline], po
         if arrival_s > env.now:
             yield env.timeout(arrival_s - env.now)
         req = table.make(i)
-        if policy == "round-robin":
-            target = i % len(pipes)
-        else:
-            loads = [len(p.inbox) + len(p.sched.waiting) + p.sched.num_active for p in pipes]
-            target = loads.index(min(loads))
+        target = pick_replica(i, pipes, policy)
         req.replica = target
         pipes[target].inbox.push(req)
     for p in pipes:
         p.inbox.close()
+
+
+def pick_replica(i: int, pipes: list[Pipeline], policy: str) -> int:
+    """The router's choice for the i-th request (see `route`)."""
+    if len(pipes) == 1:
+        return 0
+    if policy == "round-robin":
+        return i % len(pipes)
+    loads = [len(p.inbox) + len(p.sched.waiting) + p.sched.num_active for p in pipes]
+    return loads.index(min(loads))
 
 
 def startup_profile(latency, chunk: int, kv_tokens: int, max_req_len: int,

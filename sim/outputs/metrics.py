@@ -7,7 +7,8 @@ per-iteration latency) and time-weighted levels (KV usage, queue) from the colum
 one at a time, with the same numpy operations the frames would take (so the same numbers,
 without a frame's memory on a long run).
 
-requests.csv: req_id, status (finished | running | waiting | failed | not_arrived), arrival_s,
+requests.csv: req_id, status (finished | running | waiting | failed | not_arrived | timed_out: the
+client gave up, `request_timeout_s`), arrival_s,
 admit_s, first_token_s, finish_s, prompt_tokens, output_tokens (requested), max_new_tokens
 (after the context clip), generated_tokens, ttft_ms, tpot_ms = (e2e - ttft)/(output - 1),
 e2e_ms, num_chunks, num_retractions, slot, truncated_prompt, clipped_output, replica,
@@ -48,8 +49,21 @@ from sim.core.slo import LATE_FRACTION, late_from_s, pkey
 from sim.engine.records import ModeColumn, StageBusy
 
 
-STATUSES = ("finished", "not_arrived", "failed", "running", "waiting")
-FINISHED, NOT_ARRIVED, FAILED, RUNNING, WAITING = range(len(STATUSES))
+STATUSES = ("finished", "not_arrived", "failed", "running", "waiting", "timed_out")
+FINISHED, NOT_ARRIVED, FAILED, RUNNING, WAITING, TIMED_OUT = range(len(STATUSES))
+
+
+def timed_out(result, arrival, finish) -> "np.ndarray | None":
+    """The requests the client gave up on (`[workload] request_timeout_s`, sim/workloads/client.py):
+    sent, with their timeout passed before the run's end, and not finished within it; None
+    when the run's client has no timeout."""
+    spec = (getattr(result, "extras", None) or {}).get("client")
+    limit = getattr(spec, "request_timeout_s", None)
+    if limit is None:
+        return None
+    with np.errstate(invalid="ignore"):
+        due = np.isfinite(arrival) & (arrival + limit <= result.end_s)
+        return due & ~(finish - arrival <= limit)
 
 
 def request_columns(result, slo: SLOConfig | None = None) -> dict:
@@ -66,6 +80,11 @@ def request_columns(result, slo: SLOConfig | None = None) -> dict:
         status[:] = FAILED
     status[arrival > result.end_s] = NOT_ARRIVED
     status[finished] = FINISHED
+    gave_up = timed_out(result, arrival, finish)
+    if gave_up is not None:
+        # a client's failed request: out of every latency and throughput metric (success = False)
+        status[gave_up] = TIMED_OUT
+        finished = finished & ~gave_up
     ttft = (first - arrival) * 1e3
     e2e = (finish - arrival) * 1e3
     has_tpot = finished & (max_new > 1)
@@ -243,6 +262,8 @@ def summarize(result) -> dict:
         "num_truncated_prompts": int(req["truncated_prompt"][arrived].sum()),
         "num_clipped_outputs": int(req["clipped_output"][arrived].sum()),
     }
+    if timed_out(result, req["arrival_s"], req["finish_s"]) is not None:
+        out["num_timed_out"] = int((status == TIMED_OUT).sum())
     for name in ("ttft", "tpot", "e2e"):  # with the percentiles the SLO names (e.g. p95)
         out.update(_stats(f"{name}_ms", req[f"{name}_ms"][fin], (getattr(slo, f"{name}_percentile"),)))
     # the late arrivals at the SLO's percentiles: the goodput criterion's sustainability check
@@ -305,6 +326,8 @@ def summarize(result) -> dict:
     itls = result.requests.itls.pooled_ms(np.flatnonzero(fin)) if getattr(result.requests, "keep_itls", True) else None
     finished = {k: req[k][fin] for k in ("generated_tokens", "prompt_tokens", "ttft_ms", "tpot_ms", "e2e_ms")}
     out.update(bench_metrics_of(finished, itls, duration, slo.ttft_ms, slo.tpot_ms))
+    if "num_timed_out" in out:
+        out["failed"] = out["num_timed_out"]  # vLLM's and SGLang's count of requests with success = False
     from sim.profiling.provenance import profile_source
 
     out["profile_source"] = profile_source(result.config)

@@ -23,6 +23,8 @@ from sim.workloads.base import (  # noqa: F401  (re-exported)
 
 # Importing the kind modules registers them.
 from sim.workloads import kinds as _kinds  # noqa: F401,E402
+from sim.workloads import bench as _bench  # noqa: F401,E402
+from sim.workloads.client import CLIENT_KEYS, ClientSpec, client_of  # noqa: E402
 
 META_KEYS = ("name", "kind", "description")
 # The latest arrival a workload may have (seconds after the first): far beyond any trace (BurstGPT
@@ -72,7 +74,8 @@ def build_workload(table: Mapping[str, Any], *, seed: int) -> list[RequestSpec]:
     check_num_requests(merged.get("num_requests"), where)
     kind = merged.get("kind")
     builder = workload_kinds.get(str(kind), where=f"{where}: field 'kind'")
-    params = {k: v for k, v in merged.items() if k not in META_KEYS}
+    # the client's loop (concurrency, timeouts) is read by `workload_client`, not by the kind
+    params = {k: v for k, v in merged.items() if k not in META_KEYS and k not in CLIENT_KEYS}
     requests = builder(params, seed=seed, where=where)
     last = requests[-1].arrival_s if requests else 0.0
     if not last <= MAX_ARRIVAL_S:  # (NaN too)
@@ -83,6 +86,12 @@ def build_workload(table: Mapping[str, Any], *, seed: int) -> list[RequestSpec]:
                           f"(about 31 years) a run may span; check the field 'rate_rps', the trace's timestamps "
                           f"or 'timestamp_speedup'")
     return requests
+
+
+def workload_client(table: Mapping[str, Any]) -> ClientSpec | None:
+    """The client loop of a [workload] table (sim/workloads/client.py); None: open loop, no timeout."""
+    merged, where = resolve_workload(table)
+    return client_of(merged, where)
 
 
 def build_workload_said(table: Mapping[str, Any], *, seed: int) -> tuple[list[RequestSpec], list[str]]:

@@ -1,0 +1,189 @@
+"""The benchmark client: closed loops, max_concurrency, think time, timeouts, arrivals, lengths.
+
+Each case is small enough to compute by hand. The service time is fixed with the constant
+latency model: one iteration = `stage_ms` (pp = 1, no overhead) whatever the batch, so a request
+of `o` output tokens takes o iterations (its prefill gives the first token, then o - 1 decodes).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from sim.core.config import config_from_table
+from sim.core.errors import ConfigError
+from sim.core.rng import stream
+from sim.engine.run import run
+from sim.outputs.metrics import requests_frame, summarize
+from sim.workloads import arrivals as arr
+from sim.workloads import build_workload, workload_client
+from sim.workloads.bench import random_lengths
+
+
+def config(workload: dict, stage_ms: float = 10.0, **over):
+    table = {
+        "seed": 1,
+        "parallel": {"pp": 1, "tp": 1},
+        "latency": {"kind": "constant", "stage_ms": stage_ms, "overhead_ms": 0.0},
+        "scheduler": {"kv_tokens": 100000},
+        "workload": workload,
+    }
+    table.update(over)
+    return config_from_table(table, "test")
+
+
+def bench(**kw):
+    return {"kind": "bench", "num_requests": 10, "input_len": 100, "output_len": 10, **kw}
+
+
+def test_closed_loop_of_two_clients_gives_clients_over_service_time():
+    # each request: 10 iterations of 10 ms = 100 ms; 2 clients -> 2 / 0.1 s = 20 requests/s,
+    # 10 requests in 5 rounds: the last finishes at 0.5 s
+    result = run(config(bench(concurrency=2)))
+    s = summarize(result)
+    assert s["completed"] == 10
+    assert s["benchmark_duration_s"] == pytest.approx(0.5)
+    assert s["request_throughput"] == pytest.approx(20.0)
+    assert s["mean_e2el_ms"] == pytest.approx(100.0)
+    df = requests_frame(result)
+    assert np.allclose(df["arrival_s"], np.repeat([0.0, 0.1, 0.2, 0.3, 0.4], 2))
+    assert s["mean_ttft_ms"] == pytest.approx(10.0)  # sent when a slot frees: no queueing in TTFT
+
+
+def test_think_time_adds_to_each_clients_cycle():
+    # cycle = 100 ms service + 50 ms think: sends at 0, 0.15, ..., 0.6; last finish at 0.7 s
+    result = run(config(bench(concurrency=2, think_time={"distribution": "constant", "mean_s": 0.05})))
+    s = summarize(result)
+    assert s["benchmark_duration_s"] == pytest.approx(0.7)
+    assert s["request_throughput"] == pytest.approx(10 / 0.7)
+    assert np.allclose(requests_frame(result)["arrival_s"], np.repeat(np.arange(5) * 0.15, 2))
+
+
+def test_exponential_think_time_is_drawn_from_its_stream():
+    a = requests_frame(run(config(bench(concurrency=1, think_time={"mean_s": 0.2}))))
+    b = requests_frame(run(config(bench(concurrency=1, think_time={"mean_s": 0.2}))))
+    assert a["arrival_s"].tolist() == b["arrival_s"].tolist()  # deterministic
+    think = stream(1, "think").exponential(0.2, size=10)
+    # one client: request i + 1 is sent 100 ms + think_i after request i
+    assert np.allclose(np.diff(a["arrival_s"]), 0.1 + think[:-1])
+
+
+def test_max_concurrency_caps_an_open_loop_first_come_first_served():
+    # constant arrivals every 10 ms, one slot, 100 ms a request: request i is sent at 0.1 i
+    result = run(config(bench(arrivals="constant", rate_rps=100.0, max_concurrency=1)))
+    df = requests_frame(result)
+    assert np.allclose(df["arrival_s"], np.arange(10) * 0.1)
+    assert np.allclose(df["ttft_ms"], 10.0)  # the wait for a slot is not in the TTFT (both clients)
+    # rate inf with max_concurrency N is the closed loop of N clients
+    closed = summarize(run(config(bench(concurrency=3))))
+    capped = summarize(run(config(bench(max_concurrency=3))))
+    assert closed["request_throughput"] == capped["request_throughput"]
+
+
+def test_max_concurrency_not_binding_leaves_open_loop_send_times():
+    # 10 ms apart, 100 ms each: at most 10 in flight, so a cap of 10 changes nothing
+    open_loop = requests_frame(run(config(bench(arrivals="constant", rate_rps=100.0))))
+    capped = requests_frame(run(config(bench(arrivals="constant", rate_rps=100.0, max_concurrency=10))))
+    assert open_loop["arrival_s"].tolist() == capped["arrival_s"].tolist()
+    assert open_loop["finish_s"].tolist() == capped["finish_s"].tolist()
+
+
+def test_timeout_counts_the_slow_requests_as_failed():
+    # both at t = 0 in one batch: 5 tokens take 50 ms, 20 tokens 200 ms; a 100 ms timeout fails
+    # the second, which the server still finishes (no abort modelled)
+    wl = {"kind": "poisson", "rate_rps": math.inf,
+          "lengths": {"source": "pairs", "prompt_tokens": [100, 100], "output_tokens": [5, 20]},
+          "request_timeout_s": 0.1}
+    result = run(config(wl))
+    df = requests_frame(result)
+    assert df["status"].tolist() == ["finished", "timed_out"]
+    s = summarize(result)
+    assert (s["completed"], s["failed"], s["num_timed_out"]) == (1, 1, 1)
+    assert s["mean_e2el_ms"] == pytest.approx(50.0)  # the failed request is in no latency metric
+
+
+def test_timeout_frees_a_closed_loop_clients_slot():
+    # one client, 10-token requests (100 ms), timeout 60 ms: each is given up at 60 ms after it was
+    # sent, and the next is sent then; every request fails
+    result = run(config(bench(num_requests=3, concurrency=1, request_timeout_s=0.06)))
+    df = requests_frame(result)
+    assert np.allclose(df["arrival_s"], [0.0, 0.06, 0.12])
+    assert (df["status"] == "timed_out").all()
+
+
+def test_no_timeout_key_keeps_the_summary_keys():
+    s = summarize(run(config(bench(concurrency=2))))
+    assert "failed" not in s and "num_timed_out" not in s
+
+
+def test_gamma_burstiness_one_has_poisson_statistics():
+    rate, n = 4.0, 20000
+    t = arr.gamma(n, rate, 1.0, stream(3, "arrivals"))
+    assert t[-1] == pytest.approx(n / rate)  # vLLM rescales the last send to num / rate
+    gaps = np.diff(np.concatenate([[0.0], t]))
+    assert np.std(gaps) / np.mean(gaps) == pytest.approx(1.0, abs=0.03)  # exponential: CV 1
+    assert stats.kstest(gaps * rate, "expon").pvalue > 0.01
+    # burstiness 4: gamma of shape 4, CV 1/2
+    gaps4 = np.diff(np.concatenate([[0.0], arr.gamma(n, rate, 4.0, stream(3, "arrivals"))]))
+    assert np.std(gaps4) / np.mean(gaps4) == pytest.approx(0.5, abs=0.02)
+
+
+def test_poisson_constant_and_staged_arrivals():
+    t = arr.poisson(5, 2.0, stream(1, "arrivals"))
+    assert t[0] == 0.0  # SGLang sends the first at once
+    assert np.allclose(arr.constant(4, 2.0), [0.0, 0.5, 1.0, 1.5])
+    assert np.all(arr.poisson(3, math.inf, None) == 0.0)
+    st = arr.staged(None, [(20.0, 5.0), (200.0, 5.0)], stream(2, "arrivals"))
+    first, second = int((st < 5.0).sum()), int(((st >= 5.0) & (st < 10.0)).sum())
+    assert len(st) == first + second
+    assert abs(first - 100) < 4 * math.sqrt(100) and abs(second - 1000) < 4 * math.sqrt(1000)
+    assert len(arr.staged(7, [(20.0, 5.0), (200.0, 5.0)], stream(2, "arrivals"))) == 7
+
+
+def test_random_range_ratio_vllm_and_sglang_bounds():
+    rng = stream(1, "lengths")
+    i, o = random_lengths(20000, 100, 10, 0.5, "vllm", rng)
+    assert (i.min(), i.max(), o.min(), o.max()) == (50, 150, 5, 15)  # floor(I(1-r)) .. ceil(I(1+r))
+    i, o = random_lengths(20000, 100, 10, 0.5, "sglang", rng)
+    assert (i.min(), i.max(), o.min(), o.max()) == (50, 100, 5, 10)  # int(I r) .. I
+    i, o = random_lengths(20000, 100, 10, 0.0, "sglang", rng)
+    assert (i.min(), i.max(), o.min(), o.max()) == (1, 100, 0, 10)  # SGLang's default r = 0
+    i, o = random_lengths(50, 100, 10, 0.0, "vllm", rng)
+    assert set(i) == {100} and set(o) == {10}
+
+
+def test_bench_kind_prefix_and_fixed_sharegpt_output():
+    reqs = build_workload(bench(prefix_len=64, range_ratio=0.0), seed=1)
+    assert {r.prompt_tokens for r in reqs} == {164}
+    assert len({r.prefix[0] for r in reqs}) == 1  # one shared random prefix (vLLM's get_prefix)
+    sg = build_workload({"kind": "bench", "dataset": "sharegpt", "num_requests": 50, "output_len": 7}, seed=1)
+    assert {r.output_tokens for r in sg} == {7} and len({r.prompt_tokens for r in sg}) > 5
+
+
+@pytest.mark.parametrize("extra, field", [
+    ({"concurrency": 2, "max_concurrency": 2}, "max_concurrency"),
+    ({"think_time": {"mean_s": 1.0}}, "think_time"),
+    ({"concurrency": 0}, "concurrency"),
+    ({"request_timeout_s": -1}, "request_timeout_s"),
+    ({"concurrency": 2, "think_time": {"distribution": "pareto"}}, "think_time.distribution"),
+])
+def test_bad_client_fields_are_named(extra, field):
+    with pytest.raises(ConfigError, match=field):
+        workload_client(bench(**extra))
+
+
+@pytest.mark.parametrize("extra, field", [
+    ({"ignore_eos": False}, "ignore_eos"),
+    ({"range_ratio": 1.0}, "range_ratio"),
+    ({"range_ratio_definition": "tgi"}, "range_ratio_definition"),
+    ({"arrivals": "staged"}, "stages"),
+    ({"burstiness": 0.5}, "burstiness"),
+    ({"prefix_len": 8, "range_ratio_definition": "sglang"}, "prefix_len"),
+    ({"rate": 3}, "rate"),
+])
+def test_bad_bench_fields_are_named(extra, field):
+    with pytest.raises(ConfigError, match=field):
+        build_workload(bench(**extra), seed=1)
