@@ -123,7 +123,22 @@ def test_vllm_burstiness_gives_gamma_gaps(tmp_path):
     real = read_bench_log(log)[0]
     assert real["burstiness"] == 0.5
     times = [r.arrival_s for r in log_requests(real, seed=3)]
-    assert times[0] == 0.0 and all(b >= a for a, b in zip(times, times[1:]))
+    # vLLM's get_request: a gamma gap before every request, the first too, rescaled to end at n / rate
+    assert times[0] > 0.0 and all(b >= a for a, b in zip(times, times[1:]))
+    assert times[-1] == pytest.approx(len(times) / 2.0)
+
+
+def test_max_concurrency_is_replayed_and_a_ramp_up_refused(tmp_path, capsys, fast_config):
+    rec = dict(sglang_result(rate=4.0), max_concurrency=2)
+    log = tmp_path / "c.jsonl"
+    log.write_text(json.dumps(rec))
+    assert main(["validate", "--bench-log", str(log), "--config", str(fast_config)]) == 0
+    assert "max_concurrency = 2 (first come, first served" in capsys.readouterr().out
+    ramp = tmp_path / "r.json"
+    ramp.write_text(json.dumps(dict(rec, burstiness=1.0, ramp_up_strategy="linear")))
+    assert main(["validate", "--bench-log", str(ramp), "--config", str(fast_config)]) == 2
+    err = capsys.readouterr().err
+    assert "ramp_up_strategy" in err and len(err.strip().splitlines()) == 1
 
 
 def test_fastpp_fork_lists_with_a_named_workload(tmp_path, capsys, fast_config):

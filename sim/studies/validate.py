@@ -16,9 +16,11 @@ Formats read (field names as the tools write them; see `sim.outputs.bench_metric
 
 For each result the simulator replays the log's own requests: the successful requests'
 (input_lens[i], output_lens[i]) in the log's order (failed ones, with an error or 0 output
-tokens, are left out and counted), sent as the tools send them: Poisson arrivals at the log's
-`request_rate` (gamma gaps for a vLLM `burstiness` != 1; all at t=0 for inf), from the run
-seed's `arrivals` stream (the real run's own draws are not in the log). A log without per-request
+tokens, are left out and counted), sent as the tools send them (sim/studies/bench_client.py):
+vLLM's gamma gaps of shape `burstiness` rescaled to end at n / rate, SGLang's Poisson from t=0,
+all at t=0 for inf, from the run seed's `arrivals` stream (the real run's own draws are not in
+the log), with the log's `max_concurrency` as the client's cap on in-flight requests; a ramp-up
+or trace timestamps are refused. A log without per-request
 lengths needs `--workload NAME` for them. Compared: mean, P50, P90, P99 of TTFT, TPOT, ITL
 and E2E (from the per-request lists where present, else the aggregates the log has), and the
 request and output throughputs. E2E per request is ttft + sum(itls) (vLLM's latency exactly;
@@ -77,14 +79,18 @@ def parse_result(path: Path, line: int, rec: Any, scale: float) -> dict:
     """One benchmark result -> rate, per-request arrays (ms) and the log's aggregates."""
     if not isinstance(rec, dict):
         raise DataError(f"{path}: line {line}: expected a JSON object")
-    out: dict[str, Any] = {"line": line, "request_rate": _rate(path, line, rec), "aggregates": {}}
+    from sim.studies import bench_client
+
+    bench_client.refuse_unreproducible(path, line, rec)  # client settings PipeSim cannot replay
+    out: dict[str, Any] = {"line": line, "request_rate": _rate(path, line, rec), "aggregates": {},
+                           "client": bench_client.client_of(rec)}
     burst = rec.get("burstiness", 1.0)
     if isinstance(burst, bool) or not isinstance(burst, (int, float)) or not burst > 0:
         raise DataError(f"{path}: line {line}: field 'burstiness' must be a positive number, got {burst!r}")
     out["burstiness"] = float(burst)
     backend = rec.get("backend")
     out["backend"] = backend if isinstance(backend, str) else None
-    out["max_concurrency"] = rec.get("max_concurrency")
+    out["max_concurrency"] = bench_client.max_concurrency(path, line, rec)
     for name, key in METRICS:
         for stat, word in STATS:
             for alias in AGG_ALIASES.get(key, (key,)):
@@ -208,26 +214,20 @@ def compare(real: dict, sim_summary: dict) -> list[dict]:
 def log_requests(real: dict, seed: int):
     """The log's successful requests at the log's rate (see the module docstring)."""
     from sim.core.rng import stream
-    from sim.workloads.base import make_requests, poisson_arrivals
+    from sim.studies.bench_client import log_arrivals
+    from sim.workloads.base import make_requests
 
     prompts, outputs = real["lengths"]
-    rate, burst = real["request_rate"], real["burstiness"]
-    rng = stream(seed, "arrivals")
-    if burst == 1.0 or math.isinf(rate):
-        arrivals = poisson_arrivals(len(prompts), rate, rng)
-    else:  # vLLM's --burstiness: gamma gaps, shape b, mean 1/rate
-        gaps = rng.gamma(shape=burst, scale=1.0 / (rate * burst), size=len(prompts) - 1)
-        arrivals = np.concatenate([[0.0], np.cumsum(gaps)])
+    arrivals = log_arrivals(real.get("client", "sglang"), len(prompts), real["request_rate"], real["burstiness"],
+                            stream(seed, "arrivals"))
     return make_requests(arrivals, prompts, outputs)
 
 
 def assumptions(real: dict, path: Path, workload: str | None) -> tuple[str, str]:
     """The (workload, rate) lines of the header: what was replayed from the log."""
-    rate = "inf (all at t=0)" if math.isinf(real["request_rate"]) else f"{real['request_rate']:g} req/s"
-    arr = f"Poisson {rate}" if real["burstiness"] == 1.0 else f"gamma gaps (burstiness {real['burstiness']:g}) at {rate}"
-    arr += " from the run seed (the real run's own draws are not in the log)"
-    if real.get("max_concurrency"):
-        arr += f"; the client's max_concurrency = {real['max_concurrency']} is NOT modelled"
+    from sim.studies.bench_client import describe
+
+    arr = describe(real.get("client", "sglang"), real["request_rate"], real["burstiness"], real.get("max_concurrency"))
     if workload:
         src = f"workload {workload} (--workload), {real['completed']} requests"
     else:
@@ -275,6 +275,9 @@ def validate(log_path, workload: str | None, config_path, overrides: list[str], 
         if chosen is not None:
             overrides = [o for o in overrides if not o.strip().startswith("scheduler.engine")]
             overrides = list(overrides) + [f'scheduler.engine="{chosen}"']
+        if real.get("max_concurrency"):  # the client's cap on in-flight requests (sim/workloads/client.py)
+            overrides = [o for o in overrides if not o.strip().startswith("workload.max_concurrency")]
+            overrides = list(overrides) + [f"workload.max_concurrency={real['max_concurrency']}"]
         cfg = load_config(config_path, overrides)
         if workload:
             rate = "inf" if math.isinf(real["request_rate"]) else real["request_rate"]
