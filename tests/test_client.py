@@ -187,3 +187,64 @@ def test_bad_client_fields_are_named(extra, field):
 def test_bad_bench_fields_are_named(extra, field):
     with pytest.raises(ConfigError, match=field):
         build_workload(bench(**extra), seed=1)
+
+
+class _FakeRunner:
+    """Passes every level up to `limit` clients; records what ran."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.ran: list[int] = []
+
+    def run(self, tables, desc=""):
+        out = []
+        for t in tables:
+            n = t["workload"]["concurrency"]
+            self.ran.append(n)
+            out.append({"ok": n <= self.limit, "num_finished": 10, "duration_s": 1.0, "status": "ok"})
+        return out
+
+
+def test_concurrency_search_doubles_then_bisects(monkeypatch):
+    from sim.outputs import metrics
+    from sim.studies import concurrency
+
+    monkeypatch.setattr(metrics, "meets_slo", lambda summary, slo: summary["ok"])
+    runner = _FakeRunner(37)
+    best, s = concurrency.search(runner, {"workload": {"num_requests": 10}}, None, 1, 128)
+    # levels 1..128 doubling: 64 is the first to fail; bisection 48, 40, 36, 38, 37
+    assert best == 37
+    assert runner.ran == [1, 2, 4, 8, 16, 32, 64, 128, 48, 40, 36, 38, 37]
+    assert concurrency.with_concurrency({"workload": {"num_requests": 10, "max_concurrency": 3}}, 5)["workload"] \
+        == {"num_requests": 40, "concurrency": 5}  # at least MIN_ROUNDS = 8 requests per client
+    assert concurrency.search(_FakeRunner(0), {"workload": {}}, None, 1, 4)[0] == 0
+    with pytest.raises(ConfigError, match="--concurrency"):
+        concurrency.parse_levels("8:4")
+
+
+def test_goodput_concurrency_cli(tmp_path, capsys):
+    import re
+
+    import tomli_w
+
+    from sim.cli import main
+    from sim.outputs.metrics import meets_slo
+
+    # max_running_requests = 10 bounds admission, so past some number of clients a request
+    # waits a whole request (100 ms) for its first token and the 50 ms TTFT SLO fails
+    table = {"seed": 1, "parallel": {"pp": 1, "tp": 1},
+             "latency": {"kind": "constant", "stage_ms": 10.0, "overhead_ms": 0.0},
+             "scheduler": {"kv_tokens": 100000, "max_running_requests": 10},
+             "slo": {"ttft_ms": 50.0, "tpot_ms": 200.0},
+             "workload": {"kind": "bench", "num_requests": 40, "input_len": 100, "output_len": 10}}
+    path = tmp_path / "c.toml"
+    path.write_bytes(tomli_w.dumps(table).encode())
+    assert main(["goodput", str(path), "--concurrency", "1:32", "--no-progress"]) == 0
+    found = int(float(re.search(r"goodput: ([0-9.]+) concurrent clients", capsys.readouterr().out).group(1)))
+
+    def meets(n):
+        cfg = config({**table["workload"], "num_requests": max(40, 8 * n), "concurrency": n},
+                     scheduler=table["scheduler"], slo=table["slo"])
+        return meets_slo(summarize(run(cfg)), cfg.slo)
+
+    assert 1 <= found < 32 and meets(found) and not meets(found + 1)

@@ -12,8 +12,10 @@ GOODPUT_EPILOG = """examples:
   ppsim goodput experiments/configs/tp4.toml --rates 1:6 --jobs 2
   ppsim goodput experiments/configs/default.toml --set scheduler.chunk_size_tokens=256 --seeds 3
   ppsim goodput experiments/configs/default.toml --rates 0.25:4 --slo ttft:p99:2000 --slo tpot:p90:150
+  ppsim goodput experiments/configs/default.toml --concurrency 1:64
 Goodput = the highest rate at which the percentiles the config's [slo] names (P90 TTFT and
-P90 TPOT by default; --slo METRIC:pQ:MS) meet their thresholds.
+P90 TPOT by default; --slo METRIC:pQ:MS) meet their thresholds. With --concurrency LO:HI, the
+highest number of closed-loop clients ([workload] concurrency) that meets them instead.
 """
 
 
@@ -25,6 +27,9 @@ def add_commands(sub) -> None:
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override; repeatable")
     p.add_argument("--rates", default="1:10",
                    help="rates to sweep (req/s), LO:HI[:STEP] inclusive, fractions allowed (default 1:10)")
+    p.add_argument("--concurrency", default=None, metavar="LO:HI",
+                   help="sweep closed-loop clients instead of the rate: LO, 2 LO, ... HI, then bisection "
+                        "(integers); reports the highest concurrency meeting the SLO")
     p.add_argument("--engine", default=None, metavar="ENGINE",
                    help="the serving engine's scheduler: fastpp (default), sglang, vllm-v1, vllm-v0 (same as --set scheduler.engine=...)")
     p.add_argument("--slo", action="append", default=[], metavar="METRIC:pQ:MS",
@@ -73,6 +78,8 @@ def cmd_goodput(args) -> int:
     from sim.outputs.context import describe, format_header
 
     context = describe(cfg)
+    if args.concurrency is not None:
+        return _concurrency(args, base, cfg, context)
     context["rate"] = (f"swept: rates {rates[0]:g}-{rates[-1]:g} req/s ({len(rates)} points), then bisection to "
                        f"{args.tol:g} req/s (Poisson)")
     context["seed"] = f"{base.get('seed', 1)}" if args.seeds == 1 else f"1-{args.seeds}"
@@ -96,4 +103,39 @@ def cmd_goodput(args) -> int:
           + (f" [{'; '.join(flags)}]" if flags else ""))
     if out:
         fsio.write_frame(rows, out / "goodput_rates.csv", index=False)
+    return 0
+
+
+def _concurrency(args, base: dict, cfg, context: dict) -> int:
+    """`--concurrency LO:HI`: the highest closed-loop client count meeting the SLO
+    (sim/studies/concurrency.py), one search per seed."""
+    import pandas as pd
+
+    from sim.core import fsio
+    from sim.outputs.context import format_header
+    from sim.studies.concurrency import MIN_ROUNDS, parse_levels, rows, search
+    from sim.studies.sweep import Runner, mean_ci
+
+    lo, hi = parse_levels(args.concurrency)
+    context["rate"] = (f"closed loop: concurrency swept {lo}, {2 * lo}, ... {hi}, then bisection (integers); "
+                       f"at least {MIN_ROUNDS} requests per client")
+    context["seed"] = f"{base.get('seed', 1)}" if args.seeds == 1 else f"1-{args.seeds}"
+    print(format_header(context), flush=True)
+    out = fsio.claim(args.out, "goodput") if args.out else None
+    runner = Runner(out / "cache.jsonl" if out else None, jobs=args.jobs, executor=args.executor,
+                    address=args.address, progress=not args.no_progress)
+    found, table_rows = [], []
+    for seed in range(1, args.seeds + 1):
+        table = dict(base, seed=seed if args.seeds > 1 else base.get("seed", 1))
+        best, s = search(runner, table, cfg.slo, lo, hi)
+        found.append(best)
+        table_rows += [{"seed": table["seed"], **r} for r in rows(s, list(cfg.slo.keys()))]
+    frame = pd.DataFrame(table_rows)
+    print(frame.to_string(index=False, float_format=lambda v: f"{v:.1f}"))
+    m, ci_lo, ci_hi = mean_ci([float(b) for b in found])
+    note = " (even the lowest level fails)" if not any(found) else ""
+    print(f"goodput: {m:.1f} concurrent clients with {cfg.slo.describe()}"
+          + (f" (95% CI {ci_lo:.1f}-{ci_hi:.1f} over {args.seeds} seeds)" if args.seeds > 1 else "") + note)
+    if out:
+        fsio.write_frame(frame, out / "goodput_concurrency.csv", index=False)
     return 0
