@@ -201,3 +201,31 @@ def test_inf_rate_written_by_json_dumps(tmp_path):
     # SGLang's json.dumps writes float("inf") as Infinity, which Python reads back as inf.
     p = write_jsonl(tmp_path / "inf.jsonl", [sglang_result(rate=math.inf)])
     assert math.isinf(read_bench_log(p)[0]["request_rate"])
+
+
+def test_genai_perf_export_replays_its_concurrency(tmp_path, capsys, fast_config):
+    # genai-perf 0.0.16's layout: metric tables with unit/avg/pNN, the stimulus under input_config
+    export = {"time_to_first_token": {"unit": "ms", "avg": 120.0, "p50": 110.0, "p90": 150.0, "p99": 200.0},
+              "inter_token_latency": {"unit": "ms", "avg": 30.0, "p50": 29.0, "p90": 33.0, "p99": 40.0},
+              "request_latency": {"unit": "ms", "avg": 6000.0, "p50": 5900.0, "p90": 7000.0, "p99": 9000.0},
+              "request_throughput": {"unit": "per sec", "avg": 1.5},
+              "output_token_throughput": {"unit": "tokens/sec", "avg": 300.0},
+              "request_count": {"unit": "count", "avg": 40},
+              "input_config": {"perf_analyzer": {"stimulus": {"concurrency": 4}}}}
+    log = tmp_path / "profile_export_genai_perf.json"
+    log.write_text(json.dumps(export))
+    real = read_bench_log(log)[0]
+    assert real["concurrency"] == 4 and real["completed"] == 40
+    assert real["aggregates"][("tpot", "p90")] == 33.0  # genai-perf's ITL is the per-request TPOT
+    code = main(["validate", "--bench-log", str(log), "--workload", "azure-conv-synth", "--config",
+                 str(fast_config), "--json"])
+    cap = capsys.readouterr()
+    assert code == 0, cap.err
+    assert "a closed loop of 4 clients" in cap.err
+    rows = json.loads(cap.out)
+    assert {r["metric"] for r in rows} >= {"ttft", "tpot", "e2e", "request_throughput"}
+    export["input_config"] = {"perf_analyzer": {"stimulus": {"request_rate": 2.0}}}
+    log.write_text(json.dumps(export))
+    assert main(["validate", "--bench-log", str(log), "--workload", "azure-conv-synth", "--config",
+                 str(fast_config)]) == 2
+    assert "request_rate" in capsys.readouterr().err

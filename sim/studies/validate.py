@@ -13,6 +13,8 @@ Formats read (field names as the tools write them; see `sim.outputs.bench_metric
   `vllm bench serve`: one JSON object with the same per-request lists, `request_rate` (a number
   or "inf"), `burstiness`, `max_concurrency`, and `mean/median/std/pNN_{ttft,tpot,itl,e2el}_ms`.
 - The FastPP artifact's fork writes `ttfts`, `tpots`, `e2es` lists (s; `--units ms` for ms).
+- NVIDIA genai-perf's `*_genai_perf.json` export: aggregates and a concurrency stimulus, replayed
+  as a closed loop of that many clients on `--workload NAME` (sim/studies/genai_perf.py).
 
 For each result the simulator replays the log's own requests: the successful requests'
 (input_lens[i], output_lens[i]) in the log's order (failed ones, with an error or 0 output
@@ -173,6 +175,10 @@ def read_bench_log(path: str | Path, units: str = "s") -> list[dict]:
     except json.JSONDecodeError:
         whole = None
     if isinstance(whole, dict):
+        from sim.studies import genai_perf
+
+        if genai_perf.is_export(whole):  # NVIDIA genai-perf's *_genai_perf.json (sim/studies/genai_perf.py)
+            return [genai_perf.parse_export(path, whole)]
         return [parse_result(path, 1, whole, scale)]
     runs = []
     for lineno, rec in json_lines(path, text.splitlines()):
@@ -228,6 +234,8 @@ def assumptions(real: dict, path: Path, workload: str | None) -> tuple[str, str]
     from sim.studies.bench_client import describe
 
     arr = describe(real.get("client", "sglang"), real["request_rate"], real["burstiness"], real.get("max_concurrency"))
+    if real.get("concurrency"):
+        arr = f"a closed loop of {real['concurrency']} clients (genai-perf's concurrency stimulus)"
     if workload:
         src = f"workload {workload} (--workload), {real['completed']} requests"
     else:
@@ -275,9 +283,10 @@ def validate(log_path, workload: str | None, config_path, overrides: list[str], 
         if chosen is not None:
             overrides = [o for o in overrides if not o.strip().startswith("scheduler.engine")]
             overrides = list(overrides) + [f'scheduler.engine="{chosen}"']
-        if real.get("max_concurrency"):  # the client's cap on in-flight requests (sim/workloads/client.py)
-            overrides = [o for o in overrides if not o.strip().startswith("workload.max_concurrency")]
-            overrides = list(overrides) + [f"workload.max_concurrency={real['max_concurrency']}"]
+        for key in ("max_concurrency", "concurrency"):  # the client's loop (sim/workloads/client.py)
+            if real.get(key):
+                overrides = [o for o in overrides if not o.strip().startswith(f"workload.{key}=")]
+                overrides = list(overrides) + [f"workload.{key}={real[key]}"]
         cfg = load_config(config_path, overrides)
         if workload:
             rate = "inf" if math.isinf(real["request_rate"]) else real["request_rate"]
