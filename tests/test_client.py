@@ -248,3 +248,12 @@ def test_goodput_concurrency_cli(tmp_path, capsys):
         return meets_slo(summarize(run(cfg)), cfg.slo)
 
     assert 1 <= found < 32 and meets(found) and not meets(found + 1)
+
+
+def test_run_header_says_the_client_loop():
+    from sim.outputs.context import describe_workload
+
+    _, rate = describe_workload(bench(concurrency=8, think_time={"mean_s": 2.0}, request_timeout_s=30))
+    assert rate.startswith("closed loop of 8 clients, think time exponential mean 2 s") and "timeout 30 s" in rate
+    _, rate = describe_workload(bench(arrivals="gamma", rate_rps=4.0, burstiness=0.5, max_concurrency=3))
+    assert rate.startswith("gamma 4.0 req/s, burstiness 0.5; at most 3 in flight")

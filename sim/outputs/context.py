@@ -73,8 +73,26 @@ def describe_workload(table: Mapping[str, Any], requests: Sequence | None = None
         if "window_minutes" in merged:
             rate += f", minutes {merged.get('window_start_minutes', 0):g}-" \
                     f"{merged.get('window_start_minutes', 0) + merged['window_minutes']:g}"
+    elif kind == "bench" and merged.get("arrivals", "poisson") != "poisson":
+        process = merged["arrivals"]
+        rate = (f"staged {merged.get('stages')}" if process == "staged" else
+                f"{process} {merged.get('rate_rps', 'inf')} req/s"
+                + (f", burstiness {merged['burstiness']:g}" if "burstiness" in merged else ""))
     else:
-        rate = f"Poisson {merged.get('rate_rps', '?')} req/s"
+        rate = f"Poisson {merged.get('rate_rps', 'inf' if kind == 'bench' else '?')} req/s"
+    from sim.workloads.client import client_of
+
+    client = client_of(merged, where)
+    if client is not None and client.concurrency is not None:
+        think = (f", think time {client.think_distribution} mean {client.think_mean_s:g} s"
+                 if client.think_mean_s > 0 else "")
+        rate = f"closed loop of {client.concurrency} clients{think} (each sends when its previous request finishes)"
+        requests = None  # the send times are made during the run
+    elif client is not None and client.max_concurrency is not None:
+        rate += f"; at most {client.max_concurrency} in flight (max_concurrency, first come first served)"
+        requests = None
+    if client is not None and client.request_timeout_s is not None:
+        rate += f"; client timeout {client.request_timeout_s:g} s"
     if requests:
         span = requests[-1].arrival_s - requests[0].arrival_s
         rate += f"; {len(requests)} requests over {span:.1f} s"
