@@ -22,9 +22,11 @@ for open-loop runs the send times) and the client decides when each request is r
   `ClientTimeout(total=T)`; both clients default to 6 h, `AIOHTTP_TIMEOUT` / `BENCH_AIOHTTP_
   TIMEOUT_SECONDS`). A request not finished by then is failed (`success = False`: left out of
   every latency and throughput metric, counted in `failed`); its slot is freed. The server keeps
-  computing it: PipeSim does not model the abort a disconnect triggers (vLLM's API server
-  `with_cancellation`, SGLang's `TokenizerManager` abort on `request.is_disconnected()`), so
-  a run with timeouts carries more load than the real server would after them.
+  computing it: PipeSim does not model the abort a disconnect triggers in both engines (vLLM
+  0.11.0 `vllm/entrypoints/utils.py` `with_cancellation` cancels the handler, which aborts the
+  request; SGLang 0.5.4 `srt/managers/tokenizer_manager.py` `_wait_one_response` calls
+  `abort_request` once `request.is_disconnected()`), so a run with timeouts carries more load
+  than the real server would after them.
 """
 
 from __future__ import annotations
