@@ -257,3 +257,17 @@ def test_run_header_says_the_client_loop():
     assert rate.startswith("closed loop of 8 clients, think time exponential mean 2 s") and "timeout 30 s" in rate
     _, rate = describe_workload(bench(arrivals="gamma", rate_rps=4.0, burstiness=0.5, max_concurrency=3))
     assert rate.startswith("gamma 4.0 req/s, burstiness 0.5; at most 3 in flight")
+
+
+def test_vllm_ramp_up_rates_by_hand():
+    # linear 2 -> 6 req/s over 3 requests: rates 2, 4, 6; burstiness 1e6 makes every gap its mean
+    t = arr.ramp(3, "linear", 2.0, 6.0, 1e6, stream(1, "arrivals"))
+    assert np.allclose(t, np.cumsum([1 / 2, 1 / 4, 1 / 6]), rtol=1e-2)
+    # exponential 1 -> 9: rates 1, 3, 9
+    t = arr.ramp(3, "exponential", 1.0, 9.0, 1e6, stream(1, "arrivals"))
+    assert np.allclose(t, np.cumsum([1.0, 1 / 3, 1 / 9]), rtol=1e-2)
+    reqs = build_workload(bench(arrivals="ramp", ramp_strategy="linear", ramp_start_rps=1.0, ramp_end_rps=5.0),
+                          seed=1)
+    assert len(reqs) == 10 and reqs[0].arrival_s > 0.0
+    with pytest.raises(ConfigError, match="ramp_strategy"):
+        build_workload(bench(arrivals="ramp", ramp_strategy="step", ramp_start_rps=1.0, ramp_end_rps=5.0), seed=1)

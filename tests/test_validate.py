@@ -128,14 +128,19 @@ def test_vllm_burstiness_gives_gamma_gaps(tmp_path):
     assert times[-1] == pytest.approx(len(times) / 2.0)
 
 
-def test_max_concurrency_is_replayed_and_a_ramp_up_refused(tmp_path, capsys, fast_config):
+def test_max_concurrency_and_a_ramp_up_are_replayed(tmp_path, capsys, fast_config):
     rec = dict(sglang_result(rate=4.0), max_concurrency=2)
     log = tmp_path / "c.jsonl"
     log.write_text(json.dumps(rec))
     assert main(["validate", "--bench-log", str(log), "--config", str(fast_config)]) == 0
     assert "max_concurrency = 2 (first come, first served" in capsys.readouterr().out
     ramp = tmp_path / "r.json"
-    ramp.write_text(json.dumps(dict(rec, burstiness=1.0, ramp_up_strategy="linear")))
+    ramp.write_text(json.dumps(dict(rec, burstiness=1.0, ramp_up_strategy="linear", ramp_up_start_rps=1,
+                                    ramp_up_end_rps=8)))
+    assert main(["validate", "--bench-log", str(ramp), "--config", str(fast_config)]) == 0
+    assert "linear ramp-up from 1 to 8 req/s" in capsys.readouterr().out
+    ramp.write_text(json.dumps(dict(rec, burstiness=1.0, ramp_up_strategy="linear", ramp_up_start_rps=0,
+                                    ramp_up_end_rps=8)))
     assert main(["validate", "--bench-log", str(ramp), "--config", str(fast_config)]) == 2
     err = capsys.readouterr().err
     assert "ramp_up_strategy" in err and len(err.strip().splitlines()) == 1

@@ -21,8 +21,8 @@ For each result the simulator replays the log's own requests: the successful req
 tokens, are left out and counted), sent as the tools send them (sim/studies/bench_client.py):
 vLLM's gamma gaps of shape `burstiness` rescaled to end at n / rate, SGLang's Poisson from t=0,
 all at t=0 for inf, from the run seed's `arrivals` stream (the real run's own draws are not in
-the log), with the log's `max_concurrency` as the client's cap on in-flight requests; a ramp-up
-or trace timestamps are refused. A log without per-request
+the log), with the log's `max_concurrency` as the client's cap on in-flight requests and its ramp-up
+(`ramp_up_strategy`) as vLLM draws it; SGLang's trace timestamps are refused. A log without per-request
 lengths needs `--workload NAME` for them. Compared: mean, P50, P90, P99 of TTFT, TPOT, ITL
 and E2E (from the per-request lists where present, else the aggregates the log has), and the
 request and output throughputs. E2E per request is ttft + sum(itls) (vLLM's latency exactly;
@@ -85,7 +85,7 @@ def parse_result(path: Path, line: int, rec: Any, scale: float) -> dict:
 
     bench_client.refuse_unreproducible(path, line, rec)  # client settings PipeSim cannot replay
     out: dict[str, Any] = {"line": line, "request_rate": _rate(path, line, rec), "aggregates": {},
-                           "client": bench_client.client_of(rec)}
+                           "client": bench_client.client_of(rec), "ramp": bench_client.ramp_of(rec)}
     burst = rec.get("burstiness", 1.0)
     if isinstance(burst, bool) or not isinstance(burst, (int, float)) or not burst > 0:
         raise DataError(f"{path}: line {line}: field 'burstiness' must be a positive number, got {burst!r}")
@@ -225,7 +225,7 @@ def log_requests(real: dict, seed: int):
 
     prompts, outputs = real["lengths"]
     arrivals = log_arrivals(real.get("client", "sglang"), len(prompts), real["request_rate"], real["burstiness"],
-                            stream(seed, "arrivals"))
+                            stream(seed, "arrivals"), real.get("ramp"))
     return make_requests(arrivals, prompts, outputs)
 
 
@@ -233,7 +233,8 @@ def assumptions(real: dict, path: Path, workload: str | None) -> tuple[str, str]
     """The (workload, rate) lines of the header: what was replayed from the log."""
     from sim.studies.bench_client import describe
 
-    arr = describe(real.get("client", "sglang"), real["request_rate"], real["burstiness"], real.get("max_concurrency"))
+    arr = describe(real.get("client", "sglang"), real["request_rate"], real["burstiness"], real.get("max_concurrency"),
+                   real.get("ramp"))
     if real.get("concurrency"):
         arr = f"a closed loop of {real['concurrency']} clients (genai-perf's concurrency stimulus)"
     if workload:

@@ -18,6 +18,11 @@ in order, from one random stream; the request list is consumed in that order.
   so restarting the gap at the boundary is exact). Requests stop when the stages end or the
   request list runs out, whichever is first.
 
+- `ramp` (vLLM `get_request` with `--ramp-up-strategy`, `_get_current_request_rate`, 0.11.0):
+  request i's rate is start + (end - start) p (`linear`) or start (end / start)^p (`exponential`),
+  p = i / max(n - 1, 1); its gap is gamma of shape `burstiness` and mean 1 / rate_i; no rescaling
+  (vLLM rescales only without a ramp).
+
 A rate of `inf` sends everything at t = 0 (both clients' `--request-rate inf`).
 """
 
@@ -30,7 +35,8 @@ from sim.core.lazy import lazy
 
 np = lazy("numpy")  # imported on first use (sim/core/lazy.py)
 
-PROCESSES = ("poisson", "gamma", "constant", "staged")
+PROCESSES = ("poisson", "gamma", "constant", "staged", "ramp")
+RAMPS = ("linear", "exponential")
 
 
 def poisson(num: int, rate_rps: float, rng) -> "np.ndarray":
@@ -84,6 +90,15 @@ def staged(num: int | None, stages: list[tuple[float, float]], rng) -> "np.ndarr
     return np.asarray(out, dtype=float)
 
 
+def ramp(num: int, strategy: str, start_rps: float, end_rps: float, burstiness: float, rng) -> "np.ndarray":
+    """vLLM's ramp-up: per-request rates from start to end, gamma gaps, cumulative, not rescaled."""
+    if num <= 0:
+        return np.zeros(0)
+    p = np.arange(num) / max(num - 1, 1)
+    rates = start_rps + (end_rps - start_rps) * p if strategy == "linear" else start_rps * (end_rps / start_rps) ** p
+    return np.cumsum(rng.gamma(shape=burstiness, scale=1.0 / (rates * burstiness)))
+
+
 def parse_stages(value, where: str) -> list[tuple[float, float]]:
     """`stages = [[rate_rps, duration_s], ...]`, each positive and finite."""
     if not isinstance(value, list) or not value:
@@ -101,7 +116,8 @@ def parse_stages(value, where: str) -> list[tuple[float, float]]:
 
 
 def draw(process: str, num: int | None, rng, *, rate_rps: float = math.inf, burstiness: float = 1.0,
-         stages: list[tuple[float, float]] | None = None, where: str = "") -> "np.ndarray":
+         stages: list[tuple[float, float]] | None = None, ramp_spec: tuple[str, float, float] | None = None,
+         where: str = "") -> "np.ndarray":
     """The send times of one named process (see the module's docstring)."""
     if process == "poisson":
         return poisson(int(num or 0), rate_rps, rng)
@@ -111,4 +127,7 @@ def draw(process: str, num: int | None, rng, *, rate_rps: float = math.inf, burs
         return constant(int(num or 0), rate_rps)
     if process == "staged":
         return staged(num, stages or [], rng)
+    if process == "ramp":
+        strategy, start, end = ramp_spec or ("linear", rate_rps, rate_rps)
+        return ramp(int(num or 0), strategy, start, end, burstiness, rng)
     raise ConfigError(f"{where}: field 'arrivals' must be one of {', '.join(PROCESSES)}; got {process!r}")

@@ -26,7 +26,8 @@ cannot know; `ignore_eos = false` is refused (replay the output lengths a log re
 
 Arrivals (`arrivals`, sim/workloads/arrivals.py): `poisson` (SGLang's), `gamma` with
 `burstiness` (vLLM's, rescaled to num / rate), `constant`, `staged` (`stages = [[rate, s], ...]`);
-`rate_rps` (default inf: every request ready at t = 0). The client loop (`concurrency`,
+`ramp` (vLLM's `--ramp-up-strategy`: `ramp_strategy = "linear" | "exponential"`, `ramp_start_rps`,
+`ramp_end_rps`, optional `burstiness`); `rate_rps` (default inf: every request ready at t = 0). The client loop (`concurrency`,
 `max_concurrency`, `request_timeout_s`) is sim/workloads/client.py.
 """
 
@@ -45,7 +46,8 @@ from sim.workloads.lengths import sample_lengths
 np = lazy("numpy")  # imported on first use (sim/core/lazy.py)
 
 BENCH_KEYS = ("num_requests", "dataset", "input_len", "output_len", "range_ratio", "range_ratio_definition",
-              "prefix_len", "ignore_eos", "arrivals", "rate_rps", "burstiness", "stages")
+              "prefix_len", "ignore_eos", "arrivals", "rate_rps", "burstiness", "stages", "ramp_strategy",
+              "ramp_start_rps", "ramp_end_rps")
 DATASETS = ("random", "sharegpt")
 DEFINITIONS = ("vllm", "sglang")
 _BASE = 1 << 62  # piece ids in [2^62, 2^63): beyond a trace's hash ids, positive (outputs are negative)
@@ -107,9 +109,22 @@ def build_bench(params: Mapping[str, Any], *, seed: int, where: str) -> list[Req
         raise ConfigError(f"{where}: field 'stages' needs arrivals = 'staged', got arrivals = {process!r}")
     if process == "staged" and "rate_rps" in params:
         raise ConfigError(f"{where}: field 'rate_rps' with arrivals = 'staged': the stages give the rates")
-    if process != "gamma" and "burstiness" in params:
-        raise ConfigError(f"{where}: field 'burstiness' needs arrivals = 'gamma' (vLLM's --burstiness), "
+    if process not in ("gamma", "ramp") and "burstiness" in params:
+        raise ConfigError(f"{where}: field 'burstiness' needs arrivals = 'gamma' or 'ramp' (vLLM's --burstiness), "
                           f"got arrivals = {process!r}")
+    ramp_spec = None
+    ramp_keys = ("ramp_strategy", "ramp_start_rps", "ramp_end_rps")
+    if process == "ramp":
+        strategy = params.get("ramp_strategy", "linear")
+        if strategy not in arr.RAMPS:
+            raise ConfigError(f"{where}: field 'ramp_strategy' must be one of {', '.join(arr.RAMPS)}; got {strategy!r}")
+        ramp_spec = (strategy, _float(params, "ramp_start_rps", None, where, 1e-9, 1e9),
+                     _float(params, "ramp_end_rps", None, where, 1e-9, 1e9))
+        if "rate_rps" in params:
+            raise ConfigError(f"{where}: field 'rate_rps' with arrivals = 'ramp': ramp_start_rps and ramp_end_rps "
+                              f"give the rates")
+    elif any(k in params for k in ramp_keys):
+        raise ConfigError(f"{where}: fields {', '.join(ramp_keys)} need arrivals = 'ramp', got arrivals = {process!r}")
     rate = _float(params, "rate_rps", math.inf, where, 1e-9, math.inf, inf_ok=True)
     burst = _float(params, "burstiness", 1.0, where, 1e-6, 1e6)
     num = params.get("num_requests")
@@ -120,7 +135,7 @@ def build_bench(params: Mapping[str, Any], *, seed: int, where: str) -> list[Req
         raise ConfigError(f"{where}: field 'dataset' must be one of {', '.join(DATASETS)}; got {dataset!r}")
     # a staged run without num_requests sends as many as its stages bring
     send_s = arr.draw(process, num, stream(seed, "arrivals"), rate_rps=rate, burstiness=burst, stages=stages,
-                      where=where)
+                      ramp_spec=ramp_spec, where=where)
     n = len(send_s)
     if n == 0:
         raise ConfigError(f"{where}: the stages bring no request; allowed: longer stages or higher rates")
