@@ -97,3 +97,21 @@ def test_two_small_cases_regenerate_the_committed_report(tmp_path):
     assert new == old, "the committed report.csv is stale: rerun python experiments/validation/run.py"
     md = (tmp_path / "report.md").read_text()
     assert "| B7 |" in md and "| B8 |" in md and "(a partial run: `--only`)" in md
+
+
+def test_closed_loop_cases_run_their_clients():
+    """The G cases (a published concurrency sweep) replay their closed loop: `concurrency` reaches
+    the run's [workload], and a single client sends one request at a time."""
+    from sim.core.config import config_from_table
+    from sim.engine.run import run as simulate
+    from sim.outputs.metrics import requests_frame
+
+    runner = _runner()
+    by_id = runner.case_by_id(runner.load_cases())
+    table = runner.config_table(by_id["G1"], quick=True)
+    assert table["workload"]["concurrency"] == 1
+    assert not runner.in_full_load_study(by_id["G3"])  # a closed loop is not an offline burst
+    table["workload"]["num_requests"] = 5
+    df = requests_frame(simulate(config_from_table(table, "G1")))
+    # one client: each request is sent when the previous one finishes
+    assert (df["arrival_s"].to_numpy()[1:] == df["finish_s"].to_numpy()[:-1]).all()

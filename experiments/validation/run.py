@@ -62,6 +62,8 @@ METRICS = {
     "mean_ttft_ms": ("ms", "mean TTFT"), "median_ttft_ms": ("ms", "median TTFT"), "p99_ttft_ms": ("ms", "P99 TTFT"),
     "median_tpot_ms": ("ms", "median TPOT"), "median_itl_ms": ("ms", "median ITL"),
     "mean_e2e_ms": ("ms", "mean E2E"), "median_e2e_ms": ("ms", "median E2E"),
+    "p95_ttft_ms": ("ms", "P95 TTFT"), "p95_tpot_ms": ("ms", "P95 TPOT"), "p95_e2e_ms": ("ms", "P95 E2E"),
+    "p99_e2e_ms": ("ms", "P99 E2E"),
     "request_throughput": ("req/s", "request throughput"), "output_throughput": ("tok/s", "output throughput"),
     "input_throughput": ("tok/s", "input throughput"),
     "decode_ms_per_token": ("ms", "decode time per token (real: median ITL / 10)"),
@@ -132,8 +134,9 @@ def is_offline(case: dict) -> bool:
 
 
 def in_full_load_study(case: dict) -> bool:
-    """Offline (rate inf) with a published throughput: the cases of the full-load study."""
-    return is_offline(case) and any(k in case["real"] for k in ("request_throughput", "output_throughput"))
+    """Offline (rate inf, no client loop) with a published throughput: the cases of the full-load study."""
+    return (is_offline(case) and "concurrency" not in case["workload"]
+            and any(k in case["real"] for k in ("request_throughput", "output_throughput")))
 
 
 # ------------------------------------------------------------------------ data files (result logs)
@@ -240,7 +243,15 @@ def cmd_extract(specs: list[str], cases: dict[str, dict]) -> int:
 
 
 def _lengths(case: dict, quick: bool) -> tuple[dict, list | None]:
-    """The [workload] table of the case, and the log's output lengths (None: not a log)."""
+    """The [workload] table of the case (with its client loop: `concurrency`, sim/workloads/client.py),
+    and the log's output lengths (None: not a log)."""
+    table, outs = _lengths_only(case, quick)
+    if "concurrency" in case["workload"]:
+        table["concurrency"] = int(case["workload"]["concurrency"])
+    return table, outs
+
+
+def _lengths_only(case: dict, quick: bool) -> tuple[dict, list | None]:
     wl = case["workload"]
     rate = math.inf if wl["rate"] == "inf" else float(wl["rate"])
     src = wl["source"]
@@ -339,6 +350,11 @@ def client_metrics(result, log_outputs: list | None) -> dict:
     out["median_ttft_ms"] = float(np.median(f(ttft)))
     out["p99_ttft_ms"] = float(np.percentile(f(ttft), 99))
     out["median_tpot_ms"] = float(np.median(f(tpot))) if len(f(tpot)) else math.nan
+    # numpy's linear percentiles (vLLM's and SGLang's clients, and the G cases' own `pct`, interpolate so)
+    out["p95_ttft_ms"] = float(np.percentile(f(ttft), 95))
+    out["p95_tpot_ms"] = float(np.percentile(f(tpot), 95)) if len(f(tpot)) else math.nan
+    out["p95_e2e_ms"] = float(np.percentile(f(e2e), 95))
+    out["p99_e2e_ms"] = float(np.percentile(f(e2e), 99))
     out["mean_e2e_ms"] = float(f(e2e).mean())
     out["median_e2e_ms"] = float(np.median(f(e2e)))
     out["request_throughput"] = out["completed"] / duration
@@ -410,6 +426,9 @@ def report_rows(cases: list[dict], sims: dict) -> list[dict]:
             continue
         m = sims[c["id"]]
         rate = c["workload"]["rate"]
+        if "concurrency" in c["workload"]:  # a closed loop: its clients, not a rate
+            n = c["workload"]["concurrency"]
+            rate = f"{n} client{'s' if n != 1 else ''}"
         for key, real in c["real"].items():
             sim = m.get(key, math.nan)
             err = error_pct(real, sim)
@@ -417,7 +436,8 @@ def report_rows(cases: list[dict], sims: dict) -> list[dict]:
                 "case": c["id"], "gpu": c["gpu"].split(" (")[0], "sim_gpu": sim_gpu(c),
                 "model": c["model"].split(" (")[0], "tp": c["tp"],
                 "real_engine": c["real_engine"].split(",")[0], "sim_engine": c["sim"]["engine"],
-                "rate": "inf" if rate == "inf" else fmt(float(rate)), "metric": key, "unit": METRICS[key][0],
+                "rate": rate if rate == "inf" or str(rate).endswith(("client", "clients")) else fmt(float(rate)),
+                "metric": key, "unit": METRICS[key][0],
                 "real": fmt(real), "simulated": fmt(sim), "error_pct": "" if math.isnan(err) else f"{err:+.1f}",
                 "scored": "no" if key in UNSCORED else "yes", "what_differs": "; ".join(c.get("differs", [])),
             })
@@ -526,7 +546,9 @@ def write_report(cases: list[dict], sims: dict, toggles: dict, rows: list[dict],
     L.append("|---|---:|---:|---:|---:|")
     # (PipeSim's engine follows the one that ran: SGLang -> sglang, vLLM -> vllm-v0)
     for title, key in (("engine that ran", lambda r: engine_family(by_id[r["case"]])),
-                       ("load", lambda r: "offline (rate inf)" if r["rate"] == "inf" else "Poisson arrivals"),
+                       ("load", lambda r: "offline (rate inf)" if r["rate"] == "inf" else
+                        "closed loop (concurrency)" if r["rate"].endswith(("client", "clients")) else
+                        "Poisson arrivals"),
                        ("metric", lambda r: metric_class(r["metric"])),
                        ("GPU", lambda r: r["sim_gpu"])):
         for name, n, mabs, med, within in _group_stats(rows, key):
@@ -606,6 +628,10 @@ def write_report(cases: list[dict], sims: dict, toggles: dict, rows: list[dict],
                 "uniform": f"input U{wl.get('input_range')}, output U{wl.get('output_range')}",
                 "fixed": f"fixed {wl.get('input')} in / {wl.get('output')} out"}[wl["source"]]
         rate = "all at t = 0" if wl["rate"] == "inf" else f"Poisson {wl['rate']} req/s"
+        if "concurrency" in wl:
+            n = wl["concurrency"]
+            rate = (f"a closed loop of {n} client{'s' if n != 1 else ''} (each sends its next request when "
+                    f"one finishes)")
         plural = "s" if m["num_requests"] != 1 else ""
         L.append(f"- workload: {desc}, {m['num_requests']} request{plural}, {rate}; simulated totals "
                  f"{m['total_input_tokens']} in / {m['total_output_tokens']} out; "
