@@ -271,3 +271,11 @@ def test_vllm_ramp_up_rates_by_hand():
     assert len(reqs) == 10 and reqs[0].arrival_s > 0.0
     with pytest.raises(ConfigError, match="ramp_strategy"):
         build_workload(bench(arrivals="ramp", ramp_strategy="step", ramp_start_rps=1.0, ramp_end_rps=5.0), seed=1)
+
+
+def test_rate_sweep_of_a_closed_loop_is_refused():
+    from sim.studies.sweep import with_rate
+
+    with pytest.raises(ConfigError, match="concurrency"):
+        with_rate({"workload": {"name": "sharegpt", "concurrency": 4}}, 2.0)
+    assert with_rate({"workload": {"name": "sharegpt", "max_concurrency": 4}}, 2.0)["workload"]["rate_rps"] == 2.0

@@ -468,6 +468,10 @@ def with_rate(table: dict, rate: float, min_window_s: float = 0.0) -> dict:
     enough to tell a sustained load from an absorbed burst)."""
     t = copy.deepcopy(table)
     wl = t.setdefault("workload", {})
+    if "concurrency" in wl:  # a closed loop sends when requests finish: a rate would be ignored
+        raise ConfigError(f"[workload] concurrency = {wl['concurrency']!r} is a closed loop, whose sends do not "
+                          f"follow a rate, so a rate sweep cannot move it; allowed: no 'concurrency' (or "
+                          f"'max_concurrency' with the rate), or `ppsim goodput --concurrency LO:HI`")
     wl["rate_rps"] = float(rate)
     n = wl.get("num_requests")
     if min_window_s > 0 and isinstance(n, int) and n > 0:
