@@ -102,6 +102,9 @@ def test_timeout_counts_the_slow_requests_as_failed():
     assert df["status"].tolist() == ["finished", "timed_out"]
     s = summarize(result)
     assert (s["completed"], s["failed"], s["num_timed_out"]) == (1, 1, 1)
+    from sim.cli.run import run_warnings
+
+    assert any(w.startswith("1 request(s) timed out") for w in run_warnings(s))
     assert s["mean_e2el_ms"] == pytest.approx(50.0)  # the failed request is in no latency metric
 
 

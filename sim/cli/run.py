@@ -117,6 +117,10 @@ def run_warnings(summary: dict) -> list[str]:
     n = summary.get("num_clipped_outputs") or 0
     if n:
         out.append(f"{n} output(s) were clipped to fit the context length (requests.csv: clipped_output)")
+    n = summary.get("num_timed_out") or 0
+    if n:
+        out.append(f"{n} request(s) timed out at the client ([workload] request_timeout_s): counted as failed, left "
+                   f"out of every latency and throughput (requests.csv: status timed_out)")
     out += list(summary.get("placement_warnings") or [])  # TP groups spanning nodes (sim/engine/cluster.py)
     return out
 
