@@ -282,3 +282,11 @@ def test_rate_sweep_of_a_closed_loop_is_refused():
     with pytest.raises(ConfigError, match="concurrency"):
         with_rate({"workload": {"name": "sharegpt", "concurrency": 4}}, 2.0)
     assert with_rate({"workload": {"name": "sharegpt", "max_concurrency": 4}}, 2.0)["workload"]["rate_rps"] == 2.0
+
+
+def test_closed_loop_behind_a_router():
+    # 2 replicas, 6 clients, 100 ms a request, nothing queues: 6 / 0.1 s = 60 requests/s
+    cfg = config(bench(num_requests=48, concurrency=6), parallel={"pp": 1, "tp": 1, "replicas": 2,
+                                                                  "router": "round-robin"})
+    s = summarize(run(cfg))
+    assert s["completed"] == 48 and s["request_throughput"] == pytest.approx(60.0)
