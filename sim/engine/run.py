@@ -259,7 +259,7 @@ def run(cfg: RunConfig, requests: list[RequestSpec] | RequestArrays | None = Non
                               rebalancer=rebalancer,
                               slo_tpot_s=context.slo_tpot_s, guard=guard,
                               noise=make_noise("latency" if i == 0 else f"latency-replica{i}") if make_noise else None,
-                              alone=n == 1))
+                              alone=n == 1 and not driven))  # a client is a second process
         if not keep_iterations:
             pipes[-1].log.spill = True  # before its first record: the summary's columns go to files
     if driven:
@@ -281,8 +281,8 @@ def run(cfg: RunConfig, requests: list[RequestSpec] | RequestArrays | None = Non
     # them all, and each full pass would walk them again (about 6% of a long run).
     gc.freeze()
     try:
-        if n == 1:
-            pipes[0].run_alone()  # no router: the pipeline is the clock's only process
+        if pipes[0].proc is None:
+            pipes[0].run_alone()  # no router, no client: the pipeline is the clock's only process
         else:
             env.run(until=env.all_of([p.proc for p in pipes]))
     finally:
