@@ -142,6 +142,34 @@ def test_sglang_admission_reserves_outputs_and_sticks_full():
     assert mbs[1].mode == DECODE and mbs[2].mode == DECODE  # sticky until a request leaves
 
 
+def test_sglang_pp_reserves_for_the_micro_batch_being_formed_only():
+    # SGLang 0.5.23 scheduler.py `_get_new_batch_prefill_raw` builds the PrefillAdder with the
+    # micro-batch's running batch (scheduler_pp_mixin.py `event_loop_pp`: running_mbs[mb_id]),
+    # whose `batch_is_full` is that micro-batch's own. Pool 1000, PP 2: a (500 + 400 outputs)
+    # runs in slot 0; b (100 + 300) in slot 1 reserves 401 of the 499 left, a's 399 uncounted.
+    s = SGLangScheduler(2, 1000, 256, 4096, prefix_cache=False)
+    a, b = make_req(0, 500, output=400), make_req(1, 100, output=300, arrival=0.025)
+    c = make_req(2, 600, output=10, arrival=0.025)  # refused in slot 1: NO_TOKEN there only
+    mbs = drive(s, [a, b, c], 4, pp=2)
+    assert pieces(mbs[0]) == [(0, 500, 0)] and mbs[2].mode == DECODE
+    # step 3 (slot 1): 499 free after a's prompt and first decode token; a's 399 left not counted
+    assert mbs[3].mode == EXTEND and pieces(mbs[3]) == [(1, 100, 0)] and list(s.waiting) == [c]
+    assert s.full == [False, True]  # slot 0's flag untouched by slot 1's NO_TOKEN
+
+
+def test_sglang_empty_running_batch_replaced_by_the_prefill_batch_drops_batch_is_full():
+    # ignore_eos off: a running request reserves its outputs x new_token_ratio (0.7), a new one
+    # x 1. Step 0: a (400 + 300) admitted, b (50 + 300 + 1 = 351) refused (1000 - 701 = 299):
+    # full. Step 1 (get_next_batch_to_run): the empty running batch becomes a's prefill batch,
+    # flag False, so b is tried again: 351 < 1000 - 400 - 0.7 x 300 = 390, admitted, not after
+    # a's 300 tokens.
+    s = SGLangScheduler(1, 1000, 256, 4096, prefix_cache=False, ignore_eos=False)
+    a, b = make_req(0, 400, output=300), make_req(1, 50, output=300)
+    mbs = drive(s, [a, b], 2)
+    assert pieces(mbs[0]) == [(0, 400, 0)]
+    assert mbs[1].mode == EXTEND and pieces(mbs[1]) == [(1, 50, 0)]
+
+
 def test_sglang_retracts_fewest_outputs_until_the_next_step_fits():
     s = SGLangScheduler(1, 10_000, 256, 4096, prefix_cache=False)
     a, b, c = make_req(0, 40, output=50), make_req(1, 60, output=50), make_req(2, 50, output=50, arrival=0.025)

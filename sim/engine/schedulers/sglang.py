@@ -10,7 +10,10 @@ Read from the release wheel (sglang-0.5.23, python/sglang/srt/...):
   `extend + min(max_new - generated, 4096) + 1 < rem_total`, reserving `extend + 1 + min(max_new,
   4096)` (no max_new while it is chunked); the batch fills `chunked_prefill_size` exactly, the
   last request cut, one chunked request at a time, continued first; `max_prefill_tokens` binds
-  only without chunking; NO_TOKEN sets the sticky `batch_is_full`;
+  only without chunking; NO_TOKEN sets the sticky `batch_is_full` when someone can be served;
+  the flag and the reservation are the micro-batch's: with PP each slot's running batch has
+  its own (`_get_new_batch_prefill_raw` gets `running_mbs[mb_id]`), cleared when a request
+  leaves it or when it is empty (then replaced by the prefill batch just run);
 - `mem_cache/radix_cache.py`: a token-granular radix tree (page_size 1), prefix hits capped at
   input_len - 1, evictable leaves freed LRU on demand (sim/engine/schedulers/cached.py);
 - `managers/schedule_batch.py` `retract_decode`: when a decode step does not fit, requests are
@@ -52,23 +55,42 @@ class SGLangScheduler(CachedScheduler):
         # pp_max_micro_batch_size: each micro-batch's running requests are capped at max // pp
         self.max_per_slot = max(max_running_requests // num_slots, 1)
         self.reset_ratio_on_empty_batch = False  # 0.5.23 resets the ratio only when fully idle
+        # `batch_is_full` is a flag of each micro-batch's running batch (`running_mbs[mb_id]` in
+        # scheduler_pp_mixin.py `event_loop_pp`), not of the scheduler: one slot's NO_TOKEN does
+        # not stop another slot's admission. form_batch swaps the slot's flag in and out.
+        self.full = [False] * num_slots
 
-    def _reserved(self) -> float:
-        """The running requests' reserved future tokens (`_get_running_request_total_token_offset`):
-        from a slot's emission summary when it is current (fastpp.Slot.summary), else a walk."""
+    def form_batch(self, slot_idx: int, now_s: float, rebalance: Any = None) -> MicroBatch | None:
+        self.batch_is_full = self.full[slot_idx]
+        mb = super().form_batch(slot_idx, now_s, rebalance)
+        self.full[slot_idx] = self.batch_is_full
+        return mb
+
+    def _retire(self, slot: Any) -> None:
+        empty = not slot.running
+        last = slot.last
+        super()._retire(slot)
+        if empty and last is not None and last.mode != DECODE:
+            # get_next_batch_to_run: an empty running batch is replaced by the prefill batch
+            # just run (`running_batch = last_batch`), a new ScheduleBatch whose flag is False
+            self.batch_is_full = False
+
+    def _reserved(self, slot: Any) -> float:
+        """The reserved future tokens of the running requests of the micro-batch being formed
+        (`PrefillAdder.__init__` sums `_get_running_request_total_token_offset` over the
+        `running_batch` it is given, under PP `running_mbs[mb_id]`): from the slot's emission
+        summary when it is current (fastpp.Slot.summary), else a walk."""
         ratio = 1.0 if self.ignore_eos else self.new_token_ratio
+        running = slot.running
+        if not running:
+            return 0.0
+        if running is slot.sampled and slot.summary[3] <= CLIP_MAX_NEW_TOKENS:
+            return slot.summary[2] * ratio  # (finished ones have no tokens left)
         total = 0
-        for s in self.slots:
-            running = s.running
-            if not running:
-                continue
-            if running is s.sampled and s.summary[3] <= CLIP_MAX_NEW_TOKENS:
-                total += s.summary[2]  # (finished ones have no tokens left)
-                continue
-            for r in running:
-                if not r.finished:
-                    left = r.max_new - r.out_len
-                    total += left if left < CLIP_MAX_NEW_TOKENS else CLIP_MAX_NEW_TOKENS
+        for r in running:
+            if not r.finished:
+                left = r.max_new - r.out_len
+                total += left if left < CLIP_MAX_NEW_TOKENS else CLIP_MAX_NEW_TOKENS
         return total * ratio
 
     def _queue(self, now_s: float) -> Any:
@@ -79,13 +101,27 @@ class SGLangScheduler(CachedScheduler):
 
     def _prefill_batch(self, slot: Any, now_s: float) -> MicroBatch | None:
         chunked = self.chunked
+        if slot.running:
+            # get_next_batch_to_run filters the running batch every step, before the prefill
+            # adder: a request that finished clears the flag this step, not after a decode step
+            live, known = self._live(slot)
+            if len(live) < len(slot.running):
+                self.batch_is_full = False
+                if known is not None:  # (the finished ones had no context or tokens left)
+                    slot.sampled = live
+                    slot.summary = (known[0], 0, known[1], known[2])
+                slot.running = live
+        if not slot.running:
+            # scheduler.py `_get_new_batch_prefill_raw`: an empty running batch has no request
+            # left to leave, the only event that clears the flag elsewhere, so it is cleared here
+            self.batch_is_full = False
         if (self.batch_is_full or not self.waiting) and chunked is None:
             return None
         running_bs = len(slot.running) if slot.running else 0
         if running_bs >= self.max_per_slot and chunked is None:
             self.batch_is_full = True
             return None
-        offset = self._reserved()
+        offset = self._reserved(slot)
         rem_chunk = self.chunk_size
         rem_input = self.max_prefill
         pieces: list[tuple[Req, int, int]] = []
@@ -113,7 +149,9 @@ class SGLangScheduler(CachedScheduler):
                 total = extend + (left if left < CLIP_MAX_NEW_TOKENS else CLIP_MAX_NEW_TOKENS) + 1
                 rem_total = self.available_with(path) - offset
                 if not total < rem_total:
-                    self.batch_is_full = True  # NO_TOKEN
+                    # NO_TOKEN: full only if someone can be served (`len(adder.can_run_list) > 0
+                    # or not running_batch.is_empty()`), else the next step tries again
+                    self.batch_is_full = bool(pieces or admitted or slot.running)
                     break
                 if extend > rem_chunk:
                     extend, cut = rem_chunk, True
