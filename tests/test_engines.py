@@ -119,6 +119,32 @@ def test_vllm_v1_prefix_hit_is_whole_blocks_and_never_the_last_token():
     assert pieces(admit_b) == [(1, 16, 48)] and b.cached_tokens == 48
 
 
+def test_vllm_v1_caches_a_prompts_blocks_when_they_are_scheduled():
+    # vLLM 0.10.1.1 kv_cache_manager.py `allocate_slots`: cache_blocks(request, num_computed +
+    # num_new) right after allocating: in step 1 a's last 976 tokens are scheduled (running
+    # first), which caches all 2000, then b looks up in the same schedule() and hits 1984 (the
+    # last block recomputed), before a's prompt has produced a token (before: no hit at all)
+    s = VllmV1Scheduler(1, 100_000, 256, 1024, prefix_cache=True, block_size=16)
+    a, b = make_req(0, 2000, output=2), make_req(1, 2000, output=2, arrival=0.005)
+    a.pieces = b.pieces = ((7, 2000),)
+    mbs = drive(s, [a, b], 2)
+    assert pieces(mbs[0]) == [(0, 1024, 0)]
+    assert pieces(mbs[1]) == [(0, 976, 1024), (1, 16, 1984)] and b.cached_tokens == 1984
+
+
+def test_vllm_v1_preempted_request_re_hits_the_blocks_that_survive():
+    # vLLM keeps a preempted request's hashed blocks in the free queue (KVCacheManager.free);
+    # its re-admission hits what was not reused. Pool 130: a and b (32-token prompts, no prefix
+    # ids) decode until b, the newest, is preempted after 33 outputs (its 64 computed tokens
+    # cached, prompt and output); a's growth evicts the output's blocks (the LRU leaf), the
+    # prompt's 32 survive: b re-prefills 66 - 32 = 34 tokens, not 66.
+    s = VllmV1Scheduler(1, 130, 256, 1024, prefix_cache=True)
+    a, b = make_req(0, 32, output=60), make_req(1, 32, output=60)
+    mbs = drive(s, [a, b], 62)
+    again = [pieces(mb) for mb in mbs[1:] if mb is not None and mb.prefill]
+    assert s.preemptions == 1 and again == [[(1, 34, 32)]]
+
+
 # ---------------------------------------------------------------- SGLang 0.5.23
 
 def test_sglang_prefill_first_running_decodes_stall_and_chunk_fills_the_budget():

@@ -58,6 +58,13 @@ def output_piece(rid: int) -> int:
     return -(rid + 1)
 
 
+def prompt_piece(rid: int) -> int:
+    """A piece id for request `rid`'s prompt when its workload names none: vLLM V1 hashes every
+    request's blocks, so a preempted request re-hits its own (sim/engine/schedulers/vllm_v1.py);
+    below every output piece (`output_piece`, ids down to -2**31), so it never meets one."""
+    return -(2**32) - rid
+
+
 workload_kinds: Registry[Callable[..., list[RequestSpec]]] = Registry("workload kind")
 
 # What the builder of the workload being built changed of its input (rows or conversations it

@@ -119,7 +119,8 @@ class CachedScheduler(Scheduler):
         assert cache is not None
         req.settle()
         new, path = cache.insert(pieces, tokens, now_s)
-        covered = sum(n.cached for n in path)
+        # (a node another request cached further than `tokens` covers only this request's part)
+        covered = min(sum(n.cached for n in path), tokens - tokens % self.granularity)
         moved = covered - req.tree_tokens  # own tokens now covered by the cache
         if moved > 0:
             req.kv_base -= moved

@@ -13,7 +13,11 @@ Read from the release wheel (vllm-0.10.1.1, commit g1da94e673):
 - `vllm/v1/core/kv_cache_manager.py`, `block_pool.py`: prefix caching on by default, whole
   blocks of `block_size` tokens (16) only, a hit at most `num_tokens - 1` tokens (so a fully
   cached, block-aligned prompt recomputes its last block); freed blocks go to an LRU queue,
-  tail blocks first, and stay hittable until reused;
+  tail blocks first, and stay hittable until reused; `allocate_slots` caches every block that
+  the step's scheduled tokens fill (`cache_blocks(request, num_computed + num_new)`), so a
+  prompt's full blocks are hittable from the step that schedules them, not from its first
+  token; a preempted request's blocks (prompt and output alike, hashed as they filled) stay
+  cached when freed, and its re-admission hits what survives (`_preempt`);
 - `vllm/v1/engine/core.py` `step_with_batch_queue`: with pipeline parallelism `pp_size` batches
   are in flight and a request in flight is not scheduled again until its output is back (the
   next chunk of a partial prefill may be): PipeSim's lock-step slots, a request's decodes
@@ -37,6 +41,7 @@ from sim.engine.schedulers import EngineSettings, Hardware, schedulers
 from sim.engine.schedulers.cached import CachedScheduler
 from sim.engine.schedulers.fastpp import Slot
 from sim.engine.state import DECODE, EXTEND, MIXED, RUNNING, WAITING, MicroBatch, Req
+from sim.workloads.base import output_piece, prompt_piece
 
 VERSION = "vLLM 0.10.1.1 (V1)"
 
@@ -52,9 +57,46 @@ class VllmV1Scheduler(CachedScheduler):
         self.reset_ratio_on_empty_batch = False  # (vLLM has no token ratio)
         self.partials: list[Req] = []  # running requests whose prompt is not all computed yet
 
+    def _pieces(self, req: Req) -> Any:
+        """The pieces naming `req`'s fill: its prompt's, and after a preemption its output's
+        (the blocks it hashed as they filled; block hashes chain over prompt and output)."""
+        pieces = req.pieces
+        if pieces and req.fill_len > req.prompt_len and sum(n for _p, n in pieces) >= req.prompt_len:
+            return tuple(pieces) + ((output_piece(req.rid), req.fill_len - req.prompt_len),)
+        return pieces
+
+    def lookup(self, req: Req, now_s: float) -> tuple[int, Any]:
+        cache = self.cache
+        if cache is None or not req.pieces:
+            return 0, None
+        hit, path = cache.match(self._pieces(req), self.hit_limit(req), now_s)
+        return hit - hit % self.granularity, path
+
+    def _cache_scheduled(self, req: Req, now_s: float) -> None:
+        """allocate_slots -> cache_blocks: the prompt's blocks filled by the tokens scheduled so
+        far become cached (hittable by the next request) as soon as they are scheduled."""
+        if self.cache is not None and req.pieces and req.prefix_len >= self.granularity:
+            done = min(req.prefix_len, req.fill_len)
+            if done - done % self.granularity > req.tree_tokens:
+                self._to_cache(req, done, self._pieces(req), now_s)
+
     def _preempt(self, req: Req, now_s: float = 0.0) -> None:
-        """Recompute preemption: KV freed, back to the head of the waiting queue."""
+        """Recompute preemption: KV freed, back to the head of the waiting queue. The blocks it
+        filled stay cached (`KVCacheManager.free` returns them to the free queue still hashed):
+        its computed tokens (prompt and outputs but the last sampled one) enter the cache first,
+        under a piece of its own when the workload gave its prompt none."""
         self.events.append((now_s, req.slot, req.rid, "preempt"))
+        if self.cache is not None:
+            if not req.pieces:
+                req.pieces = ((prompt_piece(req.rid), req.prompt_len),)
+            if req.prefix_len >= req.fill_len:  # its prompt (and earlier outputs) computed
+                computed = req.prompt_len + max(req.out_len - 1, 0)
+                pieces = (tuple(req.pieces) + ((output_piece(req.rid), req.out_len),)
+                          if sum(n for _p, n in req.pieces) >= req.prompt_len else req.pieces)
+            else:
+                computed, pieces = req.prefix_len, self._pieces(req)
+            if computed - computed % self.granularity > req.tree_tokens:
+                self._to_cache(req, computed, pieces, now_s)
         self._requeue(req)
         self.waiting.appendleft(req)
         self.retractions += 1
@@ -98,6 +140,7 @@ class VllmV1Scheduler(CachedScheduler):
             req.prefix_len += new
             req.num_chunks += 1
             req.slot = slot_idx
+            self._cache_scheduled(req, now_s)
             budget -= new
             if new < remaining:
                 partials.append(req)
@@ -122,6 +165,7 @@ class VllmV1Scheduler(CachedScheduler):
                 prefill.append((req, new, req.prefix_len))
                 req.prefix_len += new
                 req.num_chunks += 1
+                self._cache_scheduled(req, now_s)
                 budget -= new
                 if new < remaining:
                     partials.append(req)
