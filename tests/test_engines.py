@@ -496,3 +496,30 @@ def test_same_seed_same_outputs_every_engine(tmp_path, engine):
         assert code == 0, err
     for f in ("summary.json", "requests.csv", "iterations.csv"):
         assert (tmp_path / "r1" / f).read_bytes() == (tmp_path / "r2" / f).read_bytes()
+
+
+# ---------------------------------------------------------------- engine versions
+
+def test_engine_versions_take_their_releases_defaults_and_unknown_ones_are_refused():
+    from types import SimpleNamespace
+
+    from sim.core.errors import ConfigError
+    from sim.engine.schedulers import Hardware
+    from sim.engine.schedulers.vllm_v1 import VllmV1Engine
+
+    def sc(version, overlap=None):
+        return SimpleNamespace(engine_version=version, chunk_size_tokens=0, max_running_requests=0,
+                               prefix_cache=None, cuda_graphs=None, overlap=overlap)
+
+    h100 = Hardware("h100-sxm-80gb", 80.0, 1, 1)
+    old, new = VllmV1Engine().settings(sc(""), h100), VllmV1Engine().settings(sc("0.15"), h100)
+    # the same budget and max_num_seqs (arg_utils.py), 8192 and 1024 on an H100
+    assert (old.token_budget, old.max_running, new.token_budget, new.max_running) == (8192, 1024, 8192, 1024)
+    # async scheduling: off in 0.10.1.1 (SchedulerConfig), on by default in 0.15.1 (VllmConfig)
+    assert old.version == "vLLM 0.10.1.1 (V1)" and not old.overlap and new.overlap
+    assert not VllmV1Engine().settings(sc("0.15", overlap=False), h100).overlap
+    # graph sizes: multiples of 8 up to 512 (0.10); from 256 on multiples of 16 (0.15)
+    assert old.capture_sizes[-3:] == (496, 504, 512) and new.capture_sizes[-3:] == (480, 496, 512)
+    assert len(old.capture_sizes) == 3 + 64 and len(new.capture_sizes) == 3 + 31 + 17
+    with pytest.raises(ConfigError, match=r"engine_version = '0.9'.*known: 0.10 .*0.11 .*0.15"):
+        VllmV1Engine().settings(sc("0.9"), h100)

@@ -103,13 +103,18 @@ class SchedulerConfig:
     chunk_policy: PolicySpec = field(default_factory=PolicySpec)
     rebalancer: PolicySpec | None = None
     engine: str = "fastpp"
+    # the engine's release whose defaults apply (sim/engine/schedulers/README.md lists them, e.g.
+    # vllm-v1 "0.10", "0.11", "0.15"); "": the release the engine's module was read from
+    engine_version: str = ""
     prefix_cache: bool | None = None  # None: as the engine ships (on for sglang and vllm-v1)
     block_size_tokens: int = bounded(16, 1, 4096, integer=True)  # vLLM's block_size
     long_prefill_token_threshold: int = bounded(0, 0, MAX_TOKENS, integer=True)  # vLLM V1; 0: off
     max_prefill_tokens: int = bounded(16384, 1, MAX_TOKENS, integer=True)  # SGLang
     schedule_policy: str = "fcfs"  # SGLang: "fcfs" (its default) or "lpm"
     cuda_graphs: bool | None = None  # CUDA-graph padding of small batches; None: as the engine ships
-    overlap: bool | None = None  # SGLang's overlap scheduler; None: as the engine ships (on when pp = 1)
+    # SGLang's overlap scheduler, vLLM's async scheduling (the host's next-step work under the GPU's
+    # step); None: as the engine version ships (SGLang: on when pp = 1; vLLM V1: on from 0.15)
+    overlap: bool | None = None
     ignore_eos: bool = True  # what the benchmark client sends (SGLang's bench_serving: true)
 
     def __post_init__(self) -> None:

@@ -148,8 +148,14 @@ def describe_engine(sc) -> str:
     """The scheduler engine, its source version and whether its prefix cache is on."""
     import importlib
 
+    from sim.engine.schedulers import pick_version
+
     module = {"fastpp": "fastpp", "sglang": "sglang", "vllm-v1": "vllm_v1", "vllm-v0": "vllm_v0"}.get(sc.engine)
-    version = getattr(importlib.import_module(f"sim.engine.schedulers.{module}"), "VERSION", "") if module else ""
+    version = ""
+    if module:
+        mod = importlib.import_module(f"sim.engine.schedulers.{module}")
+        # (an unknown engine_version is refused here, before the run starts)
+        version = mod.VERSIONS[pick_version(sc.engine, mod.VERSIONS, mod.DEFAULT_VERSION, sc.engine_version)]
     cache = sc.prefix_cache if sc.prefix_cache is not None else sc.engine in ("sglang", "vllm-v1")
     return f"{sc.engine} ({version}); prefix cache {'on' if cache else 'off'}"
 

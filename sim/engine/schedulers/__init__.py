@@ -20,6 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from sim.core.errors import ConfigError
 from sim.core.registry import Registry
 
 
@@ -63,6 +64,16 @@ schedulers: Registry = Registry("scheduler engine", required=("settings", "build
 
 def engine(name: str, where: str = "config [scheduler] engine") -> Engine:
     return schedulers.build(name, where=where)
+
+
+def pick_version(name: str, versions: dict[str, str], default: str, asked: str) -> str:
+    """The engine version a config asks for (`[scheduler] engine_version`; "" = `default`, the
+    release the engine's module was read from), refused with the known list when not modelled."""
+    key = asked or default
+    if key not in versions:
+        raise ConfigError(f"config [scheduler] engine_version = {asked!r} for engine {name!r} is not modelled; "
+                          f"known: {', '.join(f'{k} ({v})' for k, v in versions.items())}")
+    return key
 
 
 def pad_to(sizes: tuple[int, ...], n: int) -> int:

@@ -651,7 +651,9 @@ class PrefillAdder:
 
 # ---------------------------------------------------------------- the engine (sim/engine/schedulers/__init__.py)
 
-VERSION = "FastPP (fork of SGLang 0.4.1, radix cache off)"
+VERSIONS = {"fastpp": "FastPP (fork of SGLang 0.4.1, radix cache off)"}  # `[scheduler] engine_version`
+DEFAULT_VERSION = "fastpp"
+VERSION = VERSIONS[DEFAULT_VERSION]
 
 
 class FastPPEngine:
@@ -661,8 +663,9 @@ class FastPPEngine:
 
     def settings(self, sc: Any, hw: Any) -> Any:
         from sim.core.errors import ConfigError
-        from sim.engine.schedulers import EngineSettings
+        from sim.engine.schedulers import EngineSettings, pick_version
 
+        pick_version(self.name, VERSIONS, DEFAULT_VERSION, sc.engine_version)
         if sc.prefix_cache:
             raise ConfigError("config [scheduler] prefix_cache = true with engine 'fastpp': the artifact runs with "
                               "the radix cache off and PipeSim models it so; allowed: false (or engine 'sglang')")

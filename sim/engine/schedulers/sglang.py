@@ -34,13 +34,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from sim.engine.schedulers import EngineSettings, Hardware, schedulers
+from sim.engine.schedulers import EngineSettings, Hardware, pick_version, schedulers
 from sim.engine.schedulers.cached import CachedScheduler
 from sim.engine.schedulers.fastpp import (CLIP_MAX_NEW_TOKENS, INIT_NEW_TOKEN_RATIO, MIN_NEW_TOKEN_RATIO,
                                           NEW_TOKEN_RATIO_DECAY, RETRACT_DECODE_STEPS)
 from sim.engine.state import DECODE, EXTEND, RUNNING, MicroBatch, Req, lengths
 
-VERSION = "SGLang 0.5.23"
+VERSIONS = {"0.5": "SGLang 0.5.23"}  # `[scheduler] engine_version`: the release read
+DEFAULT_VERSION = "0.5"
+VERSION = VERSIONS[DEFAULT_VERSION]
 LPM_QUEUE_MAX = 128  # schedule_policy.py WAITING_QUEUE_PREFIX_MATCH_MAX
 
 
@@ -300,6 +302,7 @@ class SGLangEngine:
     kv_reduce = "min"  # the KV pool with PP: the smallest stage's (all-reduce MIN over ranks)
 
     def settings(self, sc: Any, hw: Hardware) -> EngineSettings:
+        version = pick_version(self.name, VERSIONS, DEFAULT_VERSION, sc.engine_version)
         chunk, max_bs = memory_defaults(hw.gpu_mem_gib or 80.0, hw.tp)
         overlap = hw.pp == 1 if sc.overlap is None else bool(sc.overlap)  # PP turns overlap off
         cache = True if sc.prefix_cache is None else bool(sc.prefix_cache)
@@ -307,7 +310,7 @@ class SGLangEngine:
         return EngineSettings(
             engine="sglang", token_budget=sc.chunk_size_tokens or chunk, max_running=sc.max_running_requests,
             prefix_cache=cache, cuda_graphs=graphs, overlap=overlap,
-            capture_sizes=decode_capture_sizes(max_bs) if graphs else (), pad_total_tokens=False, version=VERSION,
+            capture_sizes=decode_capture_sizes(max_bs) if graphs else (), pad_total_tokens=False, version=VERSIONS[version],
             note=f"radix cache {'on' if cache else 'off'}, {sc.schedule_policy}, overlap {'on' if overlap else 'off'}")
 
     def mem_fraction(self, settings: EngineSettings, hw: Hardware) -> float:

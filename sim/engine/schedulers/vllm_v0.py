@@ -20,11 +20,13 @@ from __future__ import annotations
 from typing import Any
 
 from sim.core.errors import ConfigError
-from sim.engine.schedulers import EngineSettings, Hardware, schedulers
+from sim.engine.schedulers import EngineSettings, Hardware, pick_version, schedulers
 from sim.engine.schedulers.cached import CachedScheduler
 from sim.engine.state import DECODE, EXTEND, RUNNING, MicroBatch, Req
 
-VERSION = "vLLM 0.6.3.post1 (V0, chunked prefill off)"
+VERSIONS = {"0.6": "vLLM 0.6.3.post1 (V0, chunked prefill off)"}  # `[scheduler] engine_version`
+DEFAULT_VERSION = "0.6"
+VERSION = VERSIONS[DEFAULT_VERSION]
 WATERMARK = 0.01  # block_manager watermark, a share of the GPU blocks
 
 
@@ -111,6 +113,7 @@ class VllmV0Engine:
         return activation_reserve_tokens(settings, latency, hw.tp, hw.pp)
 
     def settings(self, sc: Any, hw: Hardware) -> EngineSettings:
+        version = pick_version(self.name, VERSIONS, DEFAULT_VERSION, sc.engine_version)
         if hw.pp > 1:
             raise ConfigError(f"config [scheduler] engine = 'vllm-v0' with [parallel] pp = {hw.pp}: V0's pipeline "
                               f"parallelism (one scheduler per virtual engine) is not modelled; allowed: pp = 1")
@@ -130,7 +133,7 @@ class VllmV0Engine:
         sizes = tuple([1, 2, 4] + list(range(8, 257, 8))) if graphs else ()
         return EngineSettings(engine="vllm-v0", token_budget=budget, max_running=max_seqs, prefix_cache=False,
                               cuda_graphs=graphs, overlap=False, capture_sizes=sizes, pad_total_tokens=False,
-                              version=VERSION, note=f"chunked prefill off, max_num_batched_tokens {budget}, "
+                              version=VERSIONS[version], note=f"chunked prefill off, max_num_batched_tokens {budget}, "
                                                     f"max_num_seqs {max_seqs}")
 
     def build(self, settings: EngineSettings, num_slots: int, kv_tokens: int, max_running: int, chunk_size: int,

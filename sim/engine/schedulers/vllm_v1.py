@@ -37,13 +37,40 @@ from __future__ import annotations
 
 from typing import Any
 
-from sim.engine.schedulers import EngineSettings, Hardware, schedulers
+from sim.engine.schedulers import EngineSettings, Hardware, pick_version, schedulers
 from sim.engine.schedulers.cached import CachedScheduler
 from sim.engine.schedulers.fastpp import Slot
 from sim.engine.state import DECODE, EXTEND, MIXED, RUNNING, WAITING, MicroBatch, Req
 from sim.workloads.base import output_piece, prompt_piece
 
-VERSION = "vLLM 0.10.1.1 (V1)"
+# The releases whose defaults are modelled (`[scheduler] engine_version`); the scheduler is the one
+# read from 0.10.1.1 in each. What differs, from each wheel (vllm-X/...):
+# - `config/scheduler.py` `SchedulerConfig.async_scheduling`: False in 0.10.1.1 and 0.11.0; None in
+#   0.15.1, which `config/vllm.py` `VllmConfig.__post_init__` turns on for the mp/uni executors
+#   (the default) unless speculative decoding forbids it: the CPU's scheduling of step k + 1 runs
+#   under step k's GPU work (PipeSim: `EngineSettings.overlap`, the pipeline's host-time overlap);
+# - CUDA-graph sizes: 0.10.1.1 / 0.11.0 `config/__init__.py` `_set_cudagraph_sizes`: [1, 2, 4] +
+#   multiples of 8 up to min(2 max_num_seqs, 512); 0.15.1 `config/vllm.py` `_set_cudagraph_sizes`:
+#   [1, 2, 4] + multiples of 8 below 256 + multiples of 16 from 256 up to min(2 max_num_seqs, 512,
+#   max_num_batched_tokens);
+# - the same in all three: `engine/arg_utils.py` max_num_batched_tokens 8192 / max_num_seqs 1024
+#   (>= 70 GiB, not A100) else 2048 / 256 (`vllm serve`), `config/cache.py`
+#   gpu_memory_utilization 0.9, prefix caching and chunked prefill on.
+VERSIONS = {"0.10": "vLLM 0.10.1.1 (V1)", "0.11": "vLLM 0.11.0 (V1)", "0.15": "vLLM 0.15.1 (V1)"}
+DEFAULT_VERSION = "0.10"
+ASYNC_SCHEDULING = {"0.10": False, "0.11": False, "0.15": True}
+VERSION = VERSIONS[DEFAULT_VERSION]
+
+
+def capture_sizes(version: str, max_seqs: int, budget: int) -> tuple[int, ...]:
+    """The decode CUDA-graph sizes of `version` (VERSIONS' comment), at most the token budget."""
+    top = min(2 * max_seqs, 512)
+    if version == "0.15":
+        top = min(top, budget)
+        sizes = [1, 2, 4] + list(range(8, 256, 8)) + list(range(256, top + 1, 16))
+    else:
+        sizes = [1, 2, 4] + list(range(8, top + 1, 8))
+    return tuple(s for s in sizes if s <= min(top, budget))
 
 
 class VllmV1Scheduler(CachedScheduler):
@@ -249,21 +276,21 @@ class VllmV1Engine:
         return activation_reserve_tokens(settings, latency, hw.tp, hw.pp)
 
     def settings(self, sc: Any, hw: Hardware) -> EngineSettings:
+        version = pick_version(self.name, VERSIONS, DEFAULT_VERSION, sc.engine_version)
         # EngineArgs._set_default_args_v1 (vllm serve, the OpenAI API server's usage context)
         big = hw.gpu_mem_gib >= 70 and "a100" not in hw.gpu_spec
         budget = sc.chunk_size_tokens or (8192 if big else 2048)
         max_seqs = sc.max_running_requests or min(1024 if big else 256, budget)
         cache = True if sc.prefix_cache is None else bool(sc.prefix_cache)
         graphs = sc.cuda_graphs if sc.cuda_graphs is not None else True
-        # VllmConfig._set_cudagraph_sizes: [1, 2, 4] + range(8, min(2 max_num_seqs, 512) + 1, 8),
-        # at most max_num_batched_tokens; piecewise graphs pad the step's total tokens
-        top = min(2 * max_seqs, 512)
-        sizes = tuple(s for s in [1, 2, 4] + list(range(8, top + 1, 8)) if s <= budget) if graphs else ()
+        # VllmConfig._set_cudagraph_sizes (`capture_sizes`); piecewise graphs pad the step's total tokens
+        sizes = capture_sizes(version, max_seqs, budget) if graphs else ()
+        overlap = ASYNC_SCHEDULING[version] if sc.overlap is None else bool(sc.overlap)
         return EngineSettings(engine="vllm-v1", token_budget=budget, max_running=max_seqs, prefix_cache=cache,
-                              cuda_graphs=graphs, overlap=False, capture_sizes=sizes, pad_total_tokens=True,
-                              version=VERSION,
+                              cuda_graphs=graphs, overlap=overlap, capture_sizes=sizes, pad_total_tokens=True,
+                              version=VERSIONS[version],
                               note=f"max_num_batched_tokens {budget}, max_num_seqs {max_seqs}, prefix caching "
-                                   f"{'on' if cache else 'off'}")
+                                   f"{'on' if cache else 'off'}, async scheduling {'on' if overlap else 'off'}")
 
     def build(self, settings: EngineSettings, num_slots: int, kv_tokens: int, max_running: int, chunk_size: int,
               on_kv_exhausted: str, sc: Any) -> VllmV1Scheduler:
@@ -271,6 +298,7 @@ class VllmV1Engine:
                                 sc.block_size_tokens, sc.long_prefill_token_threshold)
         sched.capture_sizes = settings.capture_sizes
         sched.pad_total = True
+        sched.overlap_host = settings.overlap  # async scheduling: host time under the GPU step
         return sched
 
 
