@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -234,3 +235,22 @@ def test_genai_perf_export_replays_its_concurrency(tmp_path, capsys, fast_config
     assert main(["validate", "--bench-log", str(log), "--workload", "azure-conv-synth", "--config",
                  str(fast_config)]) == 2
     assert "request_rate" in capsys.readouterr().err
+
+
+def test_the_log_names_the_engine_release_it_is_replayed_on(tmp_path, capsys):
+    from sim.studies.validate import engine_for_log
+
+    log = Path("run.json")
+    real = {"line": 1, "backend": "vllm", "engine_version": "0.11.0"}
+    assert engine_for_log(real, log, None)[:2] == ("vllm-v1", "0.11")
+    # a vLLM 0.6 log runs on the V0 scheduler, not on V1
+    assert engine_for_log(dict(real, engine_version="0.6.3.post1"), log, None)[:2] == ("vllm-v0", "0.6")
+    assert engine_for_log(dict(real, backend="sglang", engine_version="v0.5.4"), log, None)[:2] == ("sglang", "0.5")
+    assert engine_for_log(dict(real, engine_version=None), log, None)[:2] == ("vllm-v1", None)
+    # a release not modelled is refused, naming it and the known ones
+    rec = dict(sglang_result(), backend="vllm", engine_version="0.8.5")
+    bad = tmp_path / "old.json"
+    bad.write_text(json.dumps(rec))
+    assert main(["validate", "--bench-log", str(bad)]) != 0
+    err = capsys.readouterr().err
+    assert "engine version '0.8.5' (vllm-v1) is not modelled" in err and "vllm-v1 0.15" in err and "vllm-v0 0.6" in err

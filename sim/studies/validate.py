@@ -27,6 +27,9 @@ lengths needs `--workload NAME` for them. Compared: mean, P50, P90, P99 of TTFT,
 and E2E (from the per-request lists where present, else the aggregates the log has), and the
 request and output throughputs. E2E per request is ttft + sum(itls) (vLLM's latency exactly;
 SGLang's latency also counts the closing [DONE] chunk, a few ms).
+The engine replayed is the one the log's `backend` names, at the release its `engine_version`
+(or `vllm_version` / `sglang_version`) key names, e.g. from `vllm bench serve --metadata
+engine_version=0.11.0`; a release PipeSim does not model is refused (`engine_for_log`).
 """
 
 from __future__ import annotations
@@ -93,6 +96,10 @@ def parse_result(path: Path, line: int, rec: Any, scale: float) -> dict:
     backend = rec.get("backend")
     out["backend"] = backend if isinstance(backend, str) else None
     out["max_concurrency"] = bench_client.max_concurrency(path, line, rec)
+    # the engine's release, when the log names it (`vllm bench serve --metadata engine_version=0.11.0`)
+    version = next((rec[k] for k in VERSION_KEYS if isinstance(rec.get(k), (str, int, float))
+                    and not isinstance(rec.get(k), bool)), None)
+    out["engine_version"] = str(version) if version is not None else None
     for name, key in METRICS:
         for stat, word in STATS:
             for alias in AGG_ALIASES.get(key, (key,)):
@@ -250,17 +257,46 @@ def assumptions(real: dict, path: Path, workload: str | None) -> tuple[str, str]
 # "vllm" (V1 is vLLM's engine since 0.8; `--engine vllm-v0` replays an older log), SGLang's
 # bench_serving "sglang" (the current scheduler; the FastPP artifact's fork writes none).
 BACKEND_ENGINES = {"vllm": "vllm-v1", "openai": "vllm-v1", "sglang": "sglang", "sglang-native": "sglang"}
+# Where a log names the engine's release (vLLM's `--metadata KEY=VALUE` adds any key)
+VERSION_KEYS = ("engine_version", "vllm_version", "sglang_version")
 
 
-def engine_for_log(real: dict, path: Path, engine: str | None) -> tuple[str | None, str]:
-    """(engine to simulate, why): `--engine` wins, else the one the log's backend names, else
-    the config's."""
+def _log_version(real: dict, path: Path, chosen: str) -> tuple[str, str]:
+    """(engine, version key) for the release a log names: "0.11.0" is vllm-v1's "0.11"; a vLLM
+    release V1 is not modelled for but V0 is (0.6) runs on vllm-v0. Unknown ones are refused."""
+    import re
+
+    from sim.engine.schedulers import engine as engine_of
+
+    raw = real["engine_version"]
+    m = re.match(r"v?(\d+)\.(\d+)", raw.strip())
+    short = f"{m.group(1)}.{m.group(2)}" if m else raw
+    family = ("vllm-v1", "vllm-v0") if chosen in ("vllm-v1", "vllm-v0") else (chosen,)
+    known = []
+    for name in family:
+        versions = getattr(engine_of(name), "versions", {})
+        if short in versions:
+            return name, short
+        known += [f"{name} {k}" for k in versions]
+    raise DataError(f"{path}: line {real['line']}: engine version {raw!r} ({chosen}) is not modelled; known: "
+                    f"{', '.join(known) or 'none'}")
+
+
+def engine_for_log(real: dict, path: Path, engine: str | None) -> tuple[str | None, str | None, str]:
+    """(engine to simulate, its version or None for the config's, why): `--engine` wins, else the
+    one the log's backend names, else the config's; a release the log names picks the version
+    (and between vLLM's V1 and V0 engines), and one not modelled is refused."""
     if engine:
-        return engine, "--engine"
-    backend = real.get("backend")
-    if backend in BACKEND_ENGINES:
-        return BACKEND_ENGINES[backend], f"the log's backend {backend!r} ({path} line {real['line']})"
-    return None, "the config's (the log names no backend)"
+        chosen, why = engine, "--engine"
+    elif real.get("backend") in BACKEND_ENGINES:
+        chosen = BACKEND_ENGINES[real["backend"]]
+        why = f"the log's backend {real['backend']!r} ({path} line {real['line']})"
+    else:
+        return None, None, "the config's (the log names no backend)"
+    if real.get("engine_version") is None:
+        return chosen, None, why
+    name, version = _log_version(real, path, chosen)
+    return name, version, f"{why}, release {real['engine_version']!r}"
 
 
 def validate(log_path, workload: str | None, config_path, overrides: list[str], units: str = "s",
@@ -280,10 +316,12 @@ def validate(log_path, workload: str | None, config_path, overrides: list[str], 
         if workload is None and "lengths" not in real:
             raise ConfigError(f"{path}: line {real['line']}: the log has no per-request input_lens/output_lens "
                               "(run the benchmark with --output-details / --save-detailed), so give --workload NAME")
-        chosen, why = engine_for_log(real, path, engine)
+        chosen, version, why = engine_for_log(real, path, engine)
         if chosen is not None:
             overrides = [o for o in overrides if not o.strip().startswith("scheduler.engine")]
             overrides = list(overrides) + [f'scheduler.engine="{chosen}"']
+            if version is not None:
+                overrides.append(f'scheduler.engine_version="{version}"')
         for key in ("max_concurrency", "concurrency"):  # the client's loop (sim/workloads/client.py)
             if real.get(key):
                 overrides = [o for o in overrides if not o.strip().startswith(f"workload.{key}=")]

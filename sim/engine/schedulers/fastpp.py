@@ -660,6 +660,7 @@ class FastPPEngine:
     """The FastPP artifact's scheduler, PipeSim's default and calibrated engine."""
 
     name = "fastpp"
+    versions = VERSIONS  # `[scheduler] engine_version` keys -> the release
 
     def settings(self, sc: Any, hw: Any) -> Any:
         from sim.core.errors import ConfigError

@@ -299,6 +299,7 @@ def mem_fraction_static(gpu_mem_gib: float, chunk: int, max_bs: int, tp: int, pp
 
 class SGLangEngine:
     name = "sglang"
+    versions = VERSIONS  # `[scheduler] engine_version` keys -> the release
     kv_reduce = "min"  # the KV pool with PP: the smallest stage's (all-reduce MIN over ranks)
 
     def settings(self, sc: Any, hw: Hardware) -> EngineSettings:

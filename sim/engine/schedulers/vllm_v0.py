@@ -104,6 +104,7 @@ class VllmV0Scheduler(CachedScheduler):
 
 class VllmV0Engine:
     name = "vllm-v0"
+    versions = VERSIONS  # `[scheduler] engine_version` keys -> the release
     kv_reduce = "min"  # the KV pool with PP: the smallest stage's (all-reduce MIN over ranks)
 
     def kv_reserved_tokens(self, settings: EngineSettings, latency: Any, hw: Hardware) -> int:

@@ -270,6 +270,7 @@ def activation_reserve_tokens(settings: EngineSettings, latency: Any, tp: int, p
 
 class VllmV1Engine:
     name = "vllm-v1"
+    versions = VERSIONS  # `[scheduler] engine_version` keys -> the release
     kv_reduce = "min"  # the KV pool with PP: the smallest stage's (all-reduce MIN over ranks)
 
     def kv_reserved_tokens(self, settings: EngineSettings, latency: Any, hw: Hardware) -> int:
