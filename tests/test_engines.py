@@ -68,6 +68,19 @@ def test_cache_match_insert_and_lru_eviction_of_unpinned_leaves():
     assert c.match([(1, 100), (2, 50)], 10_000, now=4.0)[0] == 140
 
 
+def test_sglang_radix_cache_evicts_whole_leaves():
+    # SGLang 0.5.23 radix_cache.py `RadixCache.evict`: each LRU leaf's whole value is freed and
+    # the leaf deleted, however few tokens were asked for (vLLM's blocks go tail first: above)
+    c = PrefixCache(whole_leaves=True)
+    c.insert([(1, 100), (2, 50)], 150, now=1.0)
+    c.insert([(1, 100), (3, 30)], 130, now=2.0)
+    assert c.evict(10) == 50 and c.size == 130  # leaf 2 (LRU) goes whole
+    assert c.match([(1, 100), (2, 50)], 10_000, now=3.0)[0] == 100
+    assert c.evict(31) == 30 + 100  # leaf 3, then its parent, now a leaf
+    s = SGLangScheduler(1, 1000, 256, 1024, prefix_cache=True)
+    assert s.cache.whole_leaves
+
+
 def test_cache_granularity_keeps_whole_blocks():
     c = PrefixCache(granularity=16)
     new, _ = c.insert([(1, 40)], 40, now=0.0)

@@ -13,9 +13,11 @@ their pieces agree, so the cache is a trie of pieces (a radix tree whose edges a
   a piece of its own) enter the cache; returns how many tokens were new to it.
 - `evict(tokens)`: frees at least `tokens` tokens from unpinned leaves, least recently used
   first (SGLang's LRU over evictable leaves; vLLM frees a request's blocks tail first into an LRU
-  queue, which evicts the deepest blocks of the least recently used chains first). A leaf
-  piece is evicted from its tail, `granularity` tokens at a time (1: SGLang's pages; vLLM's
-  block size), so a piece may stay partly cached.
+  queue, which evicts the deepest blocks of the least recently used chains first). vLLM's leaf
+  piece is evicted from its tail, `granularity` tokens at a time (its block size), so a piece
+  may stay partly cached; SGLang's radix tree frees whole leaves (`whole_leaves`:
+  radix_cache.py `RadixCache.evict` frees a leaf's whole value and deletes it), so an eviction
+  may free more than it asked for.
 
 Sizes: `size` is every cached token, `evictable` the unpinned ones. The engines count cached
 tokens as KV in use and evictable ones as available to an allocation (sim/engine/schedulers/).
@@ -49,9 +51,10 @@ class Node:
 
 
 class PrefixCache:
-    def __init__(self, granularity: int = 1) -> None:
+    def __init__(self, granularity: int = 1, whole_leaves: bool = False) -> None:
         self.root = Node(-1, 0, None, 0)
         self.granularity = granularity
+        self.whole_leaves = whole_leaves
         self.size = 0  # cached tokens
         self.pinned = 0  # cached tokens of pinned nodes
         self.clock = 0.0
@@ -170,7 +173,7 @@ class PrefixCache:
                 continue
             n = entry[3]
             need = tokens - freed
-            cut = min(n.cached, -(-need // g) * g)
+            cut = n.cached if self.whole_leaves else min(n.cached, -(-need // g) * g)
             n.cached -= cut
             self.size -= cut
             freed += cut

@@ -15,7 +15,8 @@ Read from the release wheel (sglang-0.5.23, python/sglang/srt/...):
   its own (`_get_new_batch_prefill_raw` gets `running_mbs[mb_id]`), cleared when a request
   leaves it or when it is empty (then replaced by the prefill batch just run);
 - `mem_cache/radix_cache.py`: a token-granular radix tree (page_size 1), prefix hits capped at
-  input_len - 1, evictable leaves freed LRU on demand (sim/engine/schedulers/cached.py);
+  input_len - 1, evictable leaves freed LRU on demand, each leaf whole (`RadixCache.evict`;
+  sim/engine/schedulers/cached.py);
 - `managers/schedule_batch.py` `retract_decode`: when a decode step does not fit, requests are
   retracted fewest-outputs first (ties: longest prompt first) until the next step fits, at
   least one kept; then `new_token_ratio = (sum generated + 20 n) / (sum max_new + 1)`;
@@ -51,6 +52,8 @@ class SGLangScheduler(CachedScheduler):
                  on_kv_exhausted: str = "exit", prefix_cache: bool = True, max_prefill_tokens: int = 16384,
                  ignore_eos: bool = True, policy: str = "fcfs") -> None:
         super().__init__(num_slots, kv_tokens, max_running_requests, chunk_size, on_kv_exhausted, prefix_cache, 1)
+        if self.cache is not None:
+            self.cache.whole_leaves = True  # radix_cache.py RadixCache.evict: whole leaves
         self.max_prefill = max_prefill_tokens
         self.ignore_eos = ignore_eos
         self.policy = policy
