@@ -238,6 +238,19 @@ def test_vllm_v0_prefill_only_steps_and_decodes_stall():
     assert mbs[3].mode == EXTEND and pieces(mbs[3]) == [(1, 100, 0)] and not mbs[3].decodes  # a stalls
 
 
+def test_vllm_v0_decodes_eagerly_beyond_max_seq_len_to_capture():
+    # vLLM 0.6.3 model_runner.py `_use_captured_graph`: max_decode_seq_len <= 8192, else eager
+    s = VllmV0Scheduler(1, 100_000, 256, 32_768)
+    s.capture_sizes = (1, 2, 4, 8)
+    reqs = [make_req(i, 8185, output=20) for i in range(3)]
+    mbs = drive(s, reqs, 12)
+    decodes = [mb for mb in mbs if mb is not None and mb.mode == DECODE]
+    # 3 rows padded to the graph of 4 while every sequence (8185 + outputs) is <= 8192
+    longest = [max(r.prompt_len for r in mb.decodes) + k + 1 for k, mb in enumerate(decodes)]
+    assert [mb.stats.pad_tokens for mb in decodes] == [1 if n <= 8192 else 0 for n in longest]
+    assert decodes[0].stats.pad_tokens == 1 and decodes[-1].stats.pad_tokens == 0
+
+
 def test_vllm_v0_whole_prompts_under_the_watermark():
     s = VllmV0Scheduler(1, 16_000, 256, 16_000)
     a = make_req(0, 15_900, output=3)  # leaves less than the 1% watermark (160 tokens): LATER
@@ -536,3 +549,20 @@ def test_engine_versions_take_their_releases_defaults_and_unknown_ones_are_refus
     assert len(old.capture_sizes) == 3 + 64 and len(new.capture_sizes) == 3 + 31 + 17
     with pytest.raises(ConfigError, match=r"engine_version = '0.9'.*known: 0.10 .*0.11 .*0.15"):
         VllmV1Engine().settings(sc("0.9"), h100)
+
+
+def test_vllm_v0_refuses_contexts_where_vllm_turns_chunked_prefill_on():
+    from types import SimpleNamespace
+
+    from sim.core.errors import ConfigError
+    from sim.engine.schedulers import Hardware
+    from sim.engine.schedulers.vllm_v0 import VllmV0Engine
+
+    def sc(ctx):
+        return SimpleNamespace(engine_version="", chunk_size_tokens=0, max_running_requests=0, prefix_cache=None,
+                               cuda_graphs=None, overlap=None, context_length_tokens=ctx)
+
+    hw = Hardware("a100-sxm-80gb", 80.0, 1, 1)
+    assert VllmV0Engine().settings(sc(32768), hw).token_budget == 32768
+    with pytest.raises(ConfigError, match="turns chunked prefill on above 32768"):
+        VllmV0Engine().settings(sc(32769), hw)

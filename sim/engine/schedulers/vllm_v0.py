@@ -11,8 +11,15 @@ Read from the release wheel (vllm-0.6.3.post1, `vllm/core/scheduler.py` `_schedu
 - when a decode step does not fit, the last running request (the newest) is preempted by
   recompute: its KV freed, back to the FRONT of the waiting queue, re-prefilled later as prompt
   plus the tokens it had generated.
+- `worker/model_runner.py` `_use_captured_graph`: a decode batch replays a CUDA graph (padded
+  to a captured size) only while its longest sequence is at most `max_seq_len_to_capture`
+  (8192, `engine/arg_utils.py`); beyond that it runs eagerly, unpadded;
+- `engine/arg_utils.py` `create_engine_config`: with max_model_len > 32768 chunked prefill is
+  turned on by default, a scheduler this module does not model: such a context is refused.
 NOTE: KV is counted in tokens (the pool is whole blocks); pipeline parallelism in V0 runs one
 scheduler per virtual engine with 1/pp of the blocks, which PipeSim does not model (pp = 1 only).
+A prompt that can never fit the pool (`AllocStatus.NEVER`) is ignored by vLLM (finished with no
+output); PipeSim has no ignored requests and stops the run as stuck, naming the request.
 """
 
 from __future__ import annotations
@@ -28,6 +35,8 @@ VERSIONS = {"0.6": "vLLM 0.6.3.post1 (V0, chunked prefill off)"}  # `[scheduler]
 DEFAULT_VERSION = "0.6"
 VERSION = VERSIONS[DEFAULT_VERSION]
 WATERMARK = 0.01  # block_manager watermark, a share of the GPU blocks
+MAX_SEQ_LEN_TO_CAPTURE = 8192  # engine/arg_utils.py EngineArgs.max_seq_len_to_capture
+LONG_CONTEXT_TOKENS = 32768  # engine/arg_utils.py: above it chunked prefill is on by default
 
 
 class VllmV0Scheduler(CachedScheduler):
@@ -48,6 +57,8 @@ class VllmV0Scheduler(CachedScheduler):
         slot.last = mb
         if mb is not None:
             self.num_launched += 1
+            if mb.mode == DECODE and max(r.prompt_len + r.out_len for r in mb.decodes) > MAX_SEQ_LEN_TO_CAPTURE:
+                return mb  # _use_captured_graph: too long a sequence, the step runs eagerly
         return self.pad(mb)
 
     def _prefills(self, slot: Any, now_s: float) -> MicroBatch | None:
@@ -121,6 +132,11 @@ class VllmV0Engine:
         if sc.prefix_cache:
             raise ConfigError("config [scheduler] prefix_cache = true with engine 'vllm-v0': V0's automatic prefix "
                               "caching is not modelled (it is off by default in V0); allowed: false")
+        if sc.context_length_tokens > LONG_CONTEXT_TOKENS:
+            raise ConfigError(f"config [scheduler] context_length_tokens = {sc.context_length_tokens} with engine "
+                              f"'vllm-v0': vLLM 0.6.3 turns chunked prefill on above {LONG_CONTEXT_TOKENS} tokens "
+                              f"(arg_utils.py create_engine_config), a V0 scheduler PipeSim does not model; allowed: "
+                              f"<= {LONG_CONTEXT_TOKENS} (or engine 'vllm-v1')")
         # SchedulerConfig (0.6.3): without chunked prefill, max(max_model_len, 2048)
         budget = sc.chunk_size_tokens or max(sc.context_length_tokens, 2048)
         if budget < sc.context_length_tokens:
