@@ -52,7 +52,7 @@ def test_kv_transfer_after_prefill_by_hand():
     assert r["kv_wait_ms"] == 0 and r["kv_link_wait_ms"] == 0
     assert r["kv_ready_s"] == pytest.approx(r["prefill_end_s"] + t, rel=1e-12)
     assert r["kv_bytes"] == 131_072_000 and r["kv_tokens"] == 1000
-    # vLLM/SGLang/Dynamo accounting: token 1 comes from the decode side's first step after the KV arrived
+    # vLLM/Dynamo accounting: token 1 comes from the decode side's first step after the KV arrived
     assert r["first_token_s"] > r["kv_ready_s"] and r["generated_tokens"] == 20 and r["status"] == "finished"
     assert s["mean_kv_transfer_ms"] == s["p99_kv_transfer_ms"] == pytest.approx(t * 1e3)
     assert s["num_kv_transfers"] == 1 and s["kv_bytes_total"] == 131_072_000 and s["mode"] == "disaggregated"
@@ -133,6 +133,22 @@ def test_first_token_from_the_prefill_side():
     assert one["status"] == "finished" and one["finish_s"] == one["prefill_end_s"] and one["kv_tokens"] == 500
     assert one["kv_transfer_ms"] != one["kv_transfer_ms"]   # NaN
     assert s["num_kv_transfers"] == 1
+
+
+def test_first_token_at_the_transfer_as_sglang_streams_it():
+    # SGLang 0.5.23 disaggregation/decode.py: token 1 (sampled by the prefill server) is streamed by a
+    # prebuilt batch, no forward pass, when the KV lands; token 2 from the next decode step
+    res, df, s = run_one(table(first_token="transfer"), reqs((1000, 20), (500, 1)))
+    r = df.iloc[0]
+    assert r["first_token_s"] == pytest.approx(r["kv_ready_s"], rel=1e-12)
+    assert r["generated_tokens"] == 20 and r["status"] == "finished"
+    # the same request with token 1 from the decode side's first step comes one step later
+    _, dfd, _ = run_one(table(), reqs((1000, 20), (500, 1)))
+    assert dfd.iloc[0]["first_token_s"] > r["first_token_s"]
+    one = df.iloc[1]  # a one-token output ends as its KV lands
+    assert one["status"] == "finished" and one["finish_s"] == pytest.approx(one["kv_ready_s"])
+    assert s["num_kv_transfers"] == 2
+    audited_run(table(first_token="transfer", n=60, rate=20.0))
 
 
 def audited_run(t, requests=None):
@@ -268,7 +284,7 @@ def test_timeline_and_cli(tmp_path):
     ({"cluster": None}, r"c.toml: \[disaggregation\] needs a \[cluster\] table"),
     ({"parallel": {"tp": 2}}, r"\[parallel\] pp, tp and replicas do not apply with \[disaggregation\]"),
     ({"kv_transfer": "rdma"}, r"kv_transfer must be one of: after_prefill, layerwise; got 'rdma'"),
-    ({"first_token": "client"}, r"first_token must be one of: decode, prefill; got 'client'"),
+    ({"first_token": "client"}, r"first_token must be one of: decode, prefill, transfer; got 'client'"),
     ({"prefill": {"tp": 1, "router": "random"}}, r"\[disaggregation.prefill\] router must be one of: round-robin"),
     ({"decode": {"tp": 0}}, r"\[disaggregation.decode\] tp must be an integer in \[1, 64\]; got 0"),
     ({"decode": {"tp": 1, "gpus": 2}}, r"\[disaggregation.decode\] unknown key 'gpus'; allowed: instances, tp"),

@@ -19,7 +19,7 @@ reads no spec files).
 
     [disaggregation]
     kv_transfer = "after_prefill"   # or "layerwise": streamed during the prefill, only the tail exposed
-    first_token = "decode"          # or "prefill" (who emits token 1; see sim/engine/disagg.py)
+    first_token = "decode"          # or "prefill", "transfer" (who emits token 1; see sim/engine/disagg.py)
     decode_reserve_tokens = 512     # KV a decode instance keeps free per request it holds (SGLang's default)
     [disaggregation.prefill]
     instances = 1, tp = 4, pp = 1, router = "round-robin" | "least-loaded",
@@ -43,7 +43,7 @@ CLUSTER_NAMES = ("gpu", "interconnect", "network")
 MAX_NODES = 4096
 MAX_GPUS_PER_NODE = 64
 KV_TRANSFERS = ("after_prefill", "layerwise")
-FIRST_TOKEN = ("decode", "prefill")
+FIRST_TOKEN = ("decode", "prefill", "transfer")
 POOL_ROUTERS = ("round-robin", "least-loaded")
 MAX_TOKENS = 1 << 20
 

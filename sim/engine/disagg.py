@@ -41,8 +41,8 @@ either pool works), placed on the `[cluster]` with the two pools one after the o
    for (`DisaggRun(audit=True)` runs it after every event of the simulation; tests/test_disagg.py, with a
    planted early free that it catches).
 6. **First token** (`first_token`):
-   - `"decode"` (vLLM's disaggregated proxy streams the decode instance's output; SGLang's and Dynamo's
-     clients read the decode server): token 1 comes from the decode instance's first step after the KV
+   - `"decode"` (vLLM's disaggregated proxy streams the decode instance's output; Dynamo's clients read
+     the decode server): token 1 comes from the decode instance's first step after the KV
      arrived (vLLM's connectors recompute the last prompt token, `num_computed_tokens = num_tokens - 1`),
      so TTFT includes the prefill, the transfer and the decode side's first step. Every output token is
      decoded on the decode side.
@@ -50,6 +50,13 @@ either pool works), placed on the `[cluster]` with the two pools one after the o
      prompt phase produces it): TTFT ends with the prefill, and the transfer and the decode side's
      queueing fall into the gap between tokens 1 and 2 (in TPOT and the ITLs). A one-token output
      finishes at the prefill instance without a transfer.
+   - `"transfer"` (SGLang 0.5.23: the prefill server samples token 1 and ships it with the KV; the
+     decode server appends it when the transfer completes (`disaggregation/decode.py`, the handoff's
+     `output_ids.append`) and streams it from a "prebuilt" batch that runs no forward pass
+     (`batch_result_processor.py` `process_batch_result_prebuilt`), before the request's first decode
+     step): token 1 at the KV's landing, token 2 from the decode side's next micro-batch. A one-token
+     output finishes at the landing. (SGLang sends a chunked prompt's KV chunk by chunk: with
+     `kv_transfer = "layerwise"` the transfer streams during the prefill.)
 7. Decoding as in a co-located FastPP instance (KV exhaustion retracts: a retracted request is
    prefilled again on its decode instance).
 
@@ -407,7 +414,21 @@ class DisaggRun:
         req.kv_base = flow.tokens  # the reservation is now the request's
         dec.in_flight -= 1
         flow.landed_s = now
-        dec.pipe.inbox.push(req)
+        if self.dg.first_token == "transfer":  # token 1 streamed by the decode side as it lands (step 6)
+            req.out_len = 1
+            req.first_token_s = req.last_token_s = now
+        if self.dg.first_token == "transfer" and req.max_new <= 1:
+            # done on arrival: the decode side frees what it just took over
+            dec.sched.kv_free += req.kv_base
+            req.kv_base = 0
+            req.finished = True
+            req.state = FINISHED
+            req.finish_s = now
+            dec.routed -= 1
+            self._finish(req)
+            self._admit(dec, now)
+        else:
+            dec.pipe.inbox.push(req)
         pre.sched.kv_free += flow.tokens
         pre.held -= flow.tokens
         self.unlanded -= 1
