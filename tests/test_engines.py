@@ -510,6 +510,13 @@ def test_overlap_hides_host_time_up_to_the_gpu_step(tmp_path):
     # with overlap a step's host time is only what its GPU time does not cover
     assert (busy(on)["host_ms"] <= busy(off)["host_ms"].max()).all()
     assert busy(on)["host_ms"].mean() < busy(off)["host_ms"].mean() and stage.mean() > 0
+    # it hides under the previous step's GPU time (event_loop_overlap): a step after an idle turn,
+    # or the run's first, shows all of it, as the run without overlap does
+    after_idle = on[(on["mode"] != "idle") & (on["mode"].shift(1, fill_value="idle") == "idle")]
+    assert len(after_idle) and (after_idle["host_ms"] > 0).all()
+    prev = on["stage0_busy_ms"].shift(1, fill_value=0.0)
+    chained = busy(on)[(on["mode"].shift(1, fill_value="idle") != "idle")[busy(on).index]]
+    assert (chained["host_ms"] <= (busy(off)["host_ms"].max() - prev[chained.index]).clip(lower=0) + 1e-9).all()
 
 
 @pytest.mark.parametrize("engine", ["fastpp", "vllm-v1", "vllm-v0"])

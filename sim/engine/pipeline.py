@@ -291,6 +291,7 @@ class Pipeline:
         noise = self.noise
         horizon = self.horizon_s
         idle_turns = 0
+        prev_gpu_s = 0.0  # the GPU time of the previous iteration (overlapped host work hides under it)
         k = 0
         # a policy that declares it never changes the chunk is not shown a view every iteration,
         # nor one that declares it decides only every n-th step at the others
@@ -314,6 +315,7 @@ class Pipeline:
             if sched.is_idle() and not any(inflight):
                 # NOTE: the artifact's idle path resets the token-ratio estimate.
                 sched.new_token_ratio = INIT_NEW_TOKEN_RATIO
+                prev_gpu_s = 0.0
                 if queue:
                     wake = queue[0].arrival_s
                     if horizon and wake > horizon:
@@ -361,9 +363,11 @@ class Pipeline:
             # NOTE: models without a per-batch host cost charge the constant overhead on every turn
             host_s = overhead if overhead_of is None else overhead_of(mb.stats if mb is not None else None)
             if sched.overlap_host and mb is not None:
-                # SGLang's overlap scheduler: the host work runs while the GPU computes, so only
-                # what exceeds the step's GPU time remains on the critical path
-                host_s = max(0.0, host_s - max(mb.stage_s))
+                # SGLang's overlap scheduler, vLLM's async scheduling: the host work for this step
+                # ran while the GPU computed the previous one (event_loop_overlap: launch batch k,
+                # then process k - 1's result and schedule k + 1), so only what exceeds that step's
+                # GPU time remains on the critical path; after an idle turn none of it is hidden
+                host_s = max(0.0, host_s - prev_gpu_s)
             if noise is not None:
                 self.factors, stall_s = noise.next()
                 host_s += stall_s
@@ -378,6 +382,7 @@ class Pipeline:
             _trigger_at(env, done, (now + (host_s if host_s > 0 else 0.0)) + max(busy))
             yield done
             end = env.now
+            prev_gpu_s = max(self.busy) if mb is not None else 0.0
             self._record(k, slot, now, end, mb, kv_used)
             if mb is not None:
                 self.step += 1
