@@ -108,15 +108,21 @@ def _parse_window(text: str) -> tuple[float, float]:
     return a, b
 
 
-def run_warnings(summary: dict) -> list[str]:
+def run_warnings(summary: dict, cfg=None) -> list[str]:
     """What the run changed of the requests it was given, said in words (also in summary.json)."""
     out = []
+    # the request limit is the context length or, when smaller, the KV pool (sim/engine/run.py pool_sizes)
+    limit = "the context length"
+    kv = summary.get("kv_capacity_tokens")
+    if cfg is not None and cfg.disaggregation is None and isinstance(kv, int) \
+            and kv < cfg.scheduler.context_length_tokens:
+        limit = f"the KV pool ({kv} tokens, smaller than the context length)"
     n = summary.get("num_truncated_prompts") or 0
     if n:
-        out.append(f"{n} prompt(s) longer than the context length were truncated (requests.csv: truncated_prompt)")
+        out.append(f"{n} prompt(s) longer than {limit} were truncated (requests.csv: truncated_prompt)")
     n = summary.get("num_clipped_outputs") or 0
     if n:
-        out.append(f"{n} output(s) were clipped to fit the context length (requests.csv: clipped_output)")
+        out.append(f"{n} output(s) were clipped to fit {limit} (requests.csv: clipped_output)")
     n = summary.get("num_timed_out") or 0
     if n:
         out.append(f"{n} request(s) timed out at the client ([workload] request_timeout_s): counted as failed, left "
@@ -149,7 +155,7 @@ def _simulate_into(out: Path, cfg, args, window) -> tuple[int, dict]:
     gc.collect()
     summary = summarize(result)
     summary["context"] = context
-    warnings = changed + run_warnings(summary)
+    warnings = changed + run_warnings(summary, cfg)
     from sim.outputs.csvout import write_csv
 
     if args.format == "parquet":

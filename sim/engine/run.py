@@ -94,6 +94,10 @@ def hardware(cfg: RunConfig, latency) -> Hardware:
     return Hardware(gpu_spec=spec, gpu_mem_gib=float(mem or 0.0), tp=cfg.parallel.tp, pp=cfg.parallel.pp)
 
 
+# The smallest KV pool that holds a request: max_req_len = pool - 1, a prompt of max_req_len - 5 >= 1.
+MIN_POOL_TOKENS = 7
+
+
 def pool_sizes(cfg: RunConfig, latency, eng=None, settings: EngineSettings | None = None,
                hw: Hardware | None = None) -> tuple[int, int, int, int]:
     """(kv tokens per stage, max_running_requests, max_req_len, max_req_input_len), as the
@@ -112,15 +116,27 @@ def pool_sizes(cfg: RunConfig, latency, eng=None, settings: EngineSettings | Non
         if eng is not None and hasattr(eng, "kv_reserved_tokens"):
             kv -= eng.kv_reserved_tokens(settings, latency, hw)
     if kv <= 0:
+        # (at mem_fraction 1 no larger fraction fits: only more GPUs, or fewer reserved tokens, do)
+        larger = "a larger mem_fraction (<= 1), pp or tp" if frac is None or frac < 1 else "a larger pp or tp"
         raise ConfigError(f"config [scheduler] mem_fraction = {frac}: the model does not fit in GPU "
                           f"memory at pp = {cfg.parallel.pp}, tp = {cfg.parallel.tp} (profile {cfg.latency.profile}: "
-                          f"KV pool <= 0 tokens); allowed: a larger mem_fraction (<= 1), pp or tp")
+                          f"KV pool <= 0 tokens); allowed: {larger}")
     max_num_reqs = min(max(int(kv / sc.context_length_tokens * 512), 2048), 4096)
     if settings is not None and settings.engine.startswith("vllm"):
         max_running = settings.max_running  # max_num_seqs: a count limit, not derived from the pool
     else:
         max_running = sc.max_running_requests or min(kv // 2, max_num_reqs + 1)
     max_req_len = min(sc.context_length_tokens - 1, kv - 1)
+    if max_req_len - 5 < 1:
+        # SGLang's limits (scheduler.py: max_req_len = min(context_len - 1, max_total_num_tokens - 1),
+        # max_req_input_len = max_req_len - 5): a pool this small holds no prompt at all, and every
+        # request would "finish" with a prompt of 0 or fewer tokens
+        given = (f"kv_tokens = {sc.kv_tokens}" if sc.kv_tokens else
+                 f"mem_fraction = {frac} (profile {cfg.latency.profile})")
+        raise ConfigError(f"config [scheduler] {given}: a KV pool of {kv} token(s) per stage cannot hold one "
+                          f"request, which needs at least {MIN_POOL_TOKENS} (a 1-token prompt, its output token and "
+                          f"the 5 the engine keeps in reserve); allowed: kv_tokens >= {MIN_POOL_TOKENS}, or 0 to size "
+                          f"the pool from the profile's memory")
     return kv, max_running, max_req_len, max_req_len - 5
 
 

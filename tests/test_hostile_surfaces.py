@@ -1,0 +1,57 @@
+"""The second round of hostile inputs (issue 40), one test per problem: engines and their knobs,
+conversations, clusters, disaggregated pools, profiles, run folders, concurrent commands,
+signals and full disks. tests/test_fuzz.py covers the same surfaces at random."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.fuzzing import invoke
+
+REPO = Path(__file__).resolve().parents[1]
+DEFAULT = str(REPO / "experiments" / "configs" / "default.toml")
+SMALL = ["--set", "workload.num_requests=10"]
+
+
+def one_line(err: str) -> str:
+    lines = [ln for ln in err.strip().splitlines() if not ln.startswith("ppsim: warning:")]
+    assert len(lines) == 1, err
+    return lines[0]
+
+
+# ---------------------------------------------------------------- 2. a KV pool smaller than one request
+
+@pytest.mark.parametrize("engine", ["fastpp", "sglang", "vllm-v1"])
+@pytest.mark.parametrize("kv", [1, 6])
+def test_a_kv_pool_that_holds_no_request_is_refused(tmp_path, engine, kv):
+    code, _, err = invoke(["run", DEFAULT, *SMALL, "--engine", engine, "--set", f"scheduler.kv_tokens={kv}",
+                           "--out", str(tmp_path / "o")])
+    line = one_line(err)
+    assert code == 2 and f"kv_tokens = {kv}" in line and f"KV pool of {kv} token" in line and ">= 7" in line
+    assert not (tmp_path / "o").exists()
+
+
+def test_the_smallest_pool_runs_and_says_the_pool_truncated_the_prompts(tmp_path):
+    out = tmp_path / "o"
+    code, _, err = invoke(["run", DEFAULT, *SMALL, "--engine", "sglang", "--set", "scheduler.kv_tokens=7",
+                           "--out", str(out)])
+    assert code == 0, err
+    assert "longer than the KV pool (7 tokens" in err
+    import pandas as pd
+
+    df = pd.read_csv(out / "requests.csv")
+    assert df["truncated_prompt"].all() and (df["status"] == "finished").all()  # to 7 - 1 - 5 = 1 token
+
+
+def test_no_larger_mem_fraction_is_suggested_at_one(tmp_path):
+    code, _, err = invoke(["run", DEFAULT, *SMALL, "--set", "parallel.pp=1", "--set", "scheduler.mem_fraction=1.0",
+                           "--out", str(tmp_path / "o")])
+    assert code == 2 and "mem_fraction = 1.0" in one_line(err) and "larger mem_fraction" not in err
