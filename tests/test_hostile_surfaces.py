@@ -55,3 +55,25 @@ def test_no_larger_mem_fraction_is_suggested_at_one(tmp_path):
     code, _, err = invoke(["run", DEFAULT, *SMALL, "--set", "parallel.pp=1", "--set", "scheduler.mem_fraction=1.0",
                            "--out", str(tmp_path / "o")])
     assert code == 2 and "mem_fraction = 1.0" in one_line(err) and "larger mem_fraction" not in err
+
+
+# ---------------------------------------------------------------- 8. a table missing rows
+
+@pytest.mark.parametrize("fmt", ["csv", "parquet"])
+@pytest.mark.parametrize("table", ["requests", "iterations"])
+@pytest.mark.parametrize("command", ["report", "compare"])
+def test_a_table_cut_at_a_row_boundary_is_not_read_as_the_whole_run(tmp_path, fmt, table, command):
+    import pandas as pd
+
+    run = tmp_path / "run"
+    code, _, err = invoke(["run", DEFAULT, *SMALL, "--format", fmt, "--out", str(run)])
+    assert code == 0, err
+    path = run / f"{table}.{fmt}"
+    df = pd.read_csv(path) if fmt == "csv" else pd.read_parquet(path)
+    cut = df.iloc[: len(df) - 3]  # a valid table, three rows short
+    cut.to_csv(path, index=False) if fmt == "csv" else cut.to_parquet(path, index=False)
+    argv = ["report", str(run)] if command == "report" else ["compare", str(run), str(run), "--out",
+                                                            str(tmp_path / "cmp")]
+    code, _, err = invoke(argv)
+    line = one_line(err)
+    assert code == 2 and str(path) in line and "summary.json counts" in line and "cut" in line

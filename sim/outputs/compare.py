@@ -28,13 +28,15 @@ STATS = ("mean", "p50", "p90", "p99")
 
 def load_run(folder: str | Path) -> dict:
     """summary.json, requests.csv and iterations.csv of a `ppsim run --out` folder."""
-    from sim.outputs.runfolder import ITERATION_COLUMNS, REQUEST_COLUMNS, read_run_table, read_summary
+    from sim.outputs.runfolder import TABLE_SUFFIXES, read_iterations, read_requests, read_summary
 
     path = Path(folder)
     run = {"name": path.name or str(path), "path": path, "summary": read_summary(path)}
-    for key, cols in (("requests", REQUEST_COLUMNS), ("iterations", ITERATION_COLUMNS)):  # .csv, .parquet or .npz
-        df = read_run_table(path, key, cols, optional=True)
-        run[key] = pd.DataFrame() if df is None else df
+    # (.csv, .parquet or .npz; the request table is optional here, but checked when present)
+    has_requests = any((path / f"requests{s}").is_file() for s in TABLE_SUFFIXES)
+    run["requests"] = read_requests(path, run["summary"]) if has_requests else pd.DataFrame()
+    df = read_iterations(path, run["summary"])
+    run["iterations"] = pd.DataFrame() if df is None else df
     return run
 
 

@@ -21,13 +21,13 @@ from sim.core.fsio import save_figure, write_text  # noqa: E402
 
 
 def make_report(run_dir: str | Path) -> tuple[Path, Path]:
-    from sim.outputs.runfolder import ITERATION_COLUMNS, REQUEST_COLUMNS, read_run_table, read_summary
+    from sim.outputs.runfolder import ITERATION_COLUMNS, read_iterations, read_requests, read_run_table, read_summary
 
     run_dir = Path(run_dir)
     summary = read_summary(run_dir)
-    req = read_run_table(run_dir, "requests", REQUEST_COLUMNS)
+    req = read_requests(run_dir, summary)
     # a run made with --no-iterations has no iterations table: its plots and busy table are skipped
-    it = read_run_table(run_dir, "iterations", ITERATION_COLUMNS, optional=True)
+    it = read_iterations(run_dir, summary)
     no_it = it is None
     if no_it:
         it = pd.DataFrame({c: pd.Series(dtype=float) for c in ITERATION_COLUMNS})

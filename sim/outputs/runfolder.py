@@ -5,6 +5,9 @@ tool's `requests.csv`). Every problem is a one-line `DataError` naming the file 
 wrong: `summary.json` must be a complete JSON object; a table must have the columns PipeSim
 writes (`REQUEST_COLUMNS`, `ITERATION_COLUMNS`) and must not end mid-row. `iterations` is
 optional: a run made with `--no-iterations` has none, and the readers say what they skip.
+The request and iteration tables must hold the rows `summary.json` counts (`read_requests`,
+`read_iterations`): a valid table cut at a row boundary (or with rows added) is not read as the
+whole run.
 """
 
 from __future__ import annotations
@@ -63,4 +66,32 @@ def read_run_table(folder: Path, name: str, required: tuple[str, ...], *, option
     missing = [c for c in required if c not in df.columns]
     if missing:
         raise DataError(f"{folder}/{name}: not a ppsim run's {name} table (no column {', '.join(map(repr, missing))})")
+    return df
+
+
+def read_requests(folder: Path, summary: dict):
+    """The run's request table, checked against summary.json's counts: as many arrived requests
+    (status other than not_arrived) as `num_requests` and as many finished ones as `num_finished`.
+    A summary without the counts (written by hand, or by an old version) is not checked."""
+    df = read_run_table(folder, "requests", REQUEST_COLUMNS)
+    status = df["status"].astype(str)
+    got = {"num_requests": int((status != "not_arrived").sum()), "num_finished": int((status == "finished").sum())}
+    want = {k: summary.get(k) for k in got}
+    if all(isinstance(v, int) and not isinstance(v, bool) for v in want.values()) and got != want:
+        name = next((f"requests{s}" for s in TABLE_SUFFIXES if (folder / f"requests{s}").is_file()), "requests")
+        raise DataError(f"{folder / name}: {got['num_requests']} requests ({got['num_finished']} finished) but "
+                        f"summary.json counts {want['num_requests']} ({want['num_finished']} finished); the table "
+                        f"looks cut or edited")
+    return df
+
+
+def read_iterations(folder: Path, summary: dict):
+    """The run's iteration table (None without one: `--no-iterations`), with one row for each of
+    summary.json's `num_iterations` when it says how many."""
+    df = read_run_table(folder, "iterations", ITERATION_COLUMNS, optional=True)
+    want = summary.get("num_iterations")
+    if df is not None and isinstance(want, int) and not isinstance(want, bool) and len(df) != want:
+        name = next((f"iterations{s}" for s in TABLE_SUFFIXES if (folder / f"iterations{s}").is_file()), "iterations")
+        raise DataError(f"{folder / name}: {len(df)} iterations but summary.json counts {want}; the table looks cut "
+                        f"or edited")
     return df
