@@ -77,3 +77,42 @@ def test_a_table_cut_at_a_row_boundary_is_not_read_as_the_whole_run(tmp_path, fm
     code, _, err = invoke(argv)
     line = one_line(err)
     assert code == 2 and str(path) in line and "summary.json counts" in line and "cut" in line
+
+
+# ---------------------------------------------------------------- 12. concurrent commands into one --out
+
+def _start(argv: list[str]) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "sim.cli", *argv], cwd=REPO, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, start_new_session=True)
+
+
+def _wait_for(path: Path, proc: subprocess.Popen, timeout_s: float = 60) -> None:
+    deadline = time.time() + timeout_s
+    while not path.exists():
+        assert proc.poll() is None and time.time() < deadline, "the first command never took its lock"
+        time.sleep(0.05)
+
+
+@pytest.mark.parametrize("second", [["run", DEFAULT, *SMALL, "--force"],
+                                    ["goodput", DEFAULT, *SMALL, "--rates", "1:2", "--no-progress"]])
+def test_a_second_command_into_a_busy_out_is_refused_and_nothing_is_lost(tmp_path, second):
+    out = tmp_path / "same"
+    first = _start(["run", DEFAULT, "--set", "workload.num_requests=3000", "--out", str(out)])
+    _wait_for(tmp_path / ".same.lock", first)
+    code, _, err = invoke([*second, "--out", str(out)])
+    assert code == 2 and "another ppsim command" in one_line(err) and str(first.pid) in err
+    _, err = first.communicate(timeout=300)
+    assert first.returncode == 0, err.decode()
+    assert json.loads((out / "summary.json").read_text())["num_requests"] == 3000  # the first run, whole
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["same"]  # its lock gone with it
+    # and once it has ended, the folder is free again
+    code, _, err = invoke(["run", DEFAULT, *SMALL, "--force", "--out", str(out)])
+    assert code == 0, err
+
+
+def test_a_lock_left_by_a_killed_command_does_not_block_the_next(tmp_path):
+    out = tmp_path / "same"
+    (tmp_path / ".same.lock").write_text("999999\n")  # (a SIGKILLed holder: the file stays, its flock went)
+    code, _, err = invoke(["run", DEFAULT, *SMALL, "--out", str(out)])
+    assert code == 0, err
+    assert not (tmp_path / ".same.lock").exists()

@@ -125,6 +125,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return _dispatch(parser, args, guard)
     finally:
+        from sim.core.fsio import release_locks
+
+        release_locks()  # the command's --out folders (sim/core/fsio.py lock_out)
         if sys.stdout is guard:
             sys.stdout = guard.inner
         if main_thread and sigint is not None and signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:

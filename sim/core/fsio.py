@@ -14,6 +14,11 @@
   staged the same way (`StagedFolder`, without the run checks: sim/cli/profile.py decides what
   may be replaced, from meta.toml, and profiles carry no marker so their format is unchanged).
 
+- **One writer per folder.** `claim` and `Staged` lock the output folder for the rest of the
+  command (`lock_out`: an advisory `flock` on `.NAME.lock` beside it, removed when the command
+  ends, sim/cli/__init__.py): a second command into the same `--out` while the first runs is
+  refused at once, naming the first one's process, instead of both writing and one run being lost.
+
 Run folders written before the marker existed (holding only a run's files) count as `run`.
 """
 
@@ -113,11 +118,73 @@ def mark(folder: Path, kind: str) -> None:
     write_text(folder / MARKER, f'kind = "{kind}"\n# written by PipeSim: this folder holds its {kind} outputs\n')
 
 
+# the output folders this process has locked: path -> (open lock file, lock file's path)
+_LOCKS: dict[Path, tuple] = {}
+
+
+def lock_out(folder: str | Path, flag: str = "--out") -> None:
+    """Hold the lock of output folder `folder` until `release_locks()` (the end of the command):
+    a ConfigError naming the holder when another process holds it. The lock is a `flock` on the
+    file `.NAME.lock` beside the folder, which holds the holder's PID; the holder removes it."""
+    try:
+        import fcntl
+    except ImportError:  # (not POSIX: no lock, as before)
+        return
+    given, folder = folder, Path(os.path.abspath(folder))
+    if folder in _LOCKS:
+        return
+    _mkdir(folder.parent, flag, folder)
+    path = folder.with_name(f".{folder.name}.lock")
+    for _ in range(100):
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:
+            raise ConfigError(f"{flag} {folder}: cannot take its lock {path}: {exc.strerror or exc}") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            try:
+                holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+            finally:
+                os.close(fd)
+            raise ConfigError(f"{flag} {given}: another ppsim command (process {holder}) is writing into it; "
+                              f"allowed: wait for it to end, or choose another folder") from None
+        # the lock file may have been removed (by its former holder) between open and flock: then
+        # this lock guards nothing and the file is opened again
+        try:
+            same = os.fstat(fd).st_ino == os.stat(path).st_ino
+        except FileNotFoundError:
+            same = False
+        if same:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+            _LOCKS[folder] = (fd, path)
+            return
+        os.close(fd)
+    raise ConfigError(f"{flag} {folder}: cannot take its lock {path} (it keeps changing)")
+
+
+def release_locks() -> None:
+    """Release (and remove) every output-folder lock this process holds (end of a command)."""
+    while _LOCKS:
+        _, (fd, path) = _LOCKS.popitem()
+        with contextlib.suppress(OSError):
+            path.unlink()  # (before the unlock: a waiting opener sees the file gone and opens anew)
+        with contextlib.suppress(OSError):
+            os.close(fd)
+
+
 def claim(folder: str | Path, kind: str, flag: str = "--out") -> Path:
     """Make `folder` PipeSim's `kind` output folder (see the module docstring); returns it.
     A new or empty folder is created and marked; a folder marked `kind` is reused (its files
-    are replaced one by one, atomically); anything else is a one-line ConfigError."""
-    folder = Path(folder)
+    are replaced one by one, atomically); anything else is a one-line ConfigError. The folder
+    stays locked against other commands until this one ends (`lock_out`)."""
+    _claim_checks(Path(folder), kind, flag, make=False)
+    lock_out(folder, flag)
+    return _claim_checks(Path(folder), kind, flag, make=True)  # (again, under the lock)
+
+
+def _claim_checks(folder: Path, kind: str, flag: str, make: bool) -> Path:
     if folder.exists() and not folder.is_dir():
         raise ConfigError(f"{flag} {folder}: exists and is not a folder")
     why = _protected(folder) if folder.exists() else None
@@ -129,11 +196,12 @@ def claim(folder: str | Path, kind: str, flag: str = "--out") -> Path:
             what = f"a PipeSim {found} folder" if found else "a folder of other files"
             raise ConfigError(f"{flag} {folder}: is {what}; allowed: a new or empty folder, or a PipeSim {kind} "
                               f"folder (choose another folder)")
-        if not (folder / MARKER).is_file():
+        if make and not (folder / MARKER).is_file():
             mark(folder, kind)
         return folder
-    _mkdir(folder, flag)
-    mark(folder, kind)
+    if make:
+        _mkdir(folder, flag)
+        mark(folder, kind)
     return folder
 
 
@@ -212,6 +280,14 @@ class Staged(StagedFolder):
     def __init__(self, out: str | Path, force: bool, kind: str = "run", flag: str = "--out") -> None:
         self.out = Path(out)
         self.kind = kind
+        self._check(force, flag)
+        lock_out(self.out, flag)
+        self._check(force, flag)  # (again, under the lock: what another command left meanwhile)
+        super().__init__(self.out, flag)
+        mark(self.path, kind)
+
+    def _check(self, force: bool, flag: str) -> None:
+        kind = self.kind
         if self.out.exists():
             if not self.out.is_dir():
                 raise ConfigError(f"{flag} {self.out}: exists and is not a folder")
@@ -232,8 +308,6 @@ class Staged(StagedFolder):
                     raise ConfigError(f"{flag} {self.out}: holds another run ({', '.join(shown[:3])}"
                                       f"{', ...' if len(shown) > 3 else ''}); add --force to replace it, or choose "
                                       f"a new folder")
-        super().__init__(self.out, flag)
-        mark(self.path, kind)
 
 
 def save_figure(fig, path: str | Path, **kwargs) -> None:
