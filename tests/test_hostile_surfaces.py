@@ -116,3 +116,71 @@ def test_a_lock_left_by_a_killed_command_does_not_block_the_next(tmp_path):
     code, _, err = invoke(["run", DEFAULT, *SMALL, "--out", str(out)])
     assert code == 0, err
     assert not (tmp_path / ".same.lock").exists()
+
+
+# ---------------------------------------------------------------- 13. SIGTERM and SIGHUP clean up
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
+def test_sigterm_and_sighup_leave_no_spill_and_no_staging_folder(tmp_path, sig):
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    env = {**os.environ, "TMPDIR": str(tmp)}
+    proc = subprocess.Popen([sys.executable, "-m", "sim.cli", "run", DEFAULT, "--set", "workload.num_requests=60000",
+                             "--no-iterations", "--out", str(tmp_path / "o")], cwd=REPO, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.time() + 120
+    while not list(tmp.iterdir()):  # the run has spilled its first block of iterations
+        assert proc.poll() is None and time.time() < deadline, "no spill folder appeared"
+        time.sleep(0.1)
+    assert [p.name for p in tmp_path.iterdir() if ".partial-" in p.name]
+    proc.send_signal(sig)
+    err = proc.communicate(timeout=120)[1].decode()
+    assert proc.returncode == 128 + sig and "Traceback" not in err, err
+    assert f"terminated by {signal.Signals(sig).name}" in err
+    assert list(tmp.iterdir()) == []
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["tmp"]
+
+
+def test_what_a_killed_process_left_is_swept_by_the_next_command(tmp_path, monkeypatch):
+    import tempfile
+
+    from sim.core import fsio
+
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()  # a PID no process has now
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp))
+    spill = tmp / f"ppsim-iterations-{dead.pid}-abc"
+    spill.mkdir()
+    (spill / "iteration").write_bytes(b"x" * 100)
+    alive = tmp / f"ppsim-iterations-{os.getppid()}-abc"  # a live process's: kept
+    alive.mkdir()
+    partial = tmp_path / f".o.partial-{dead.pid}"
+    partial.mkdir()
+    (partial / "summary.json").write_text("{}")
+    old = tmp_path / f".o.old-{dead.pid}"
+    old.mkdir()
+    monkeypatch.setattr(fsio, "_SWEPT", set())
+    code, _, err = invoke(["run", DEFAULT, "--set", "workload.num_requests=2000", "--no-iterations",
+                           "--out", str(tmp_path / "o")])
+    assert code == 0, err
+    assert not spill.exists() and alive.exists() and not partial.exists() and not old.exists()
+
+
+def test_a_worker_removes_its_spills_when_stopped(tmp_path):
+    code = ("import os, signal, tempfile, time\n"
+            f"tempfile.tempdir = {str(tmp_path)!r}\n"
+            "from sim.core.fsio import temp_folder\n"
+            "from sim.studies.sweep import _worker_init\n"
+            "_worker_init(os.getppid())\n"
+            "t = temp_folder('ppsim-iterations-')\n"
+            "print(t.name, flush=True)\n"
+            "time.sleep(60)\n")
+    proc = subprocess.Popen([sys.executable, "-c", code], cwd=REPO, stdout=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONPATH": str(REPO)})
+    name = proc.stdout.readline().strip()
+    assert Path(name).is_dir()
+    proc.terminate()
+    assert proc.wait(timeout=30) == 128 + signal.SIGTERM
+    assert not Path(name).exists()

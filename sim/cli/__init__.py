@@ -110,6 +110,24 @@ class PipeGuard:
         return getattr(self.inner, name)
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM or SIGHUP (a timeout, systemd, Slurm, Kubernetes, a closed terminal), raised as an
+    interrupt so that it unwinds as Ctrl-C does: staging folders, temporary files and spills are
+    removed on the way out, sweep workers stopped (their own handler removes their spills)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _terminate(signum, _frame):
+    raise Terminated(signum)
+
+
+# the catchable signals that end a command; each becomes Terminated (SIGINT: KeyboardInterrupt)
+ENDING_SIGNALS = ("SIGTERM", "SIGHUP")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     try:
@@ -120,7 +138,11 @@ def main(argv: list[str] | None = None) -> int:
     import threading
 
     main_thread = threading.current_thread() is threading.main_thread()
-    sigint = signal.getsignal(signal.SIGINT) if main_thread else None
+    ending = [getattr(signal, n) for n in ("SIGINT", *ENDING_SIGNALS) if hasattr(signal, n)]
+    before = {sig: signal.getsignal(sig) for sig in ending} if main_thread else {}
+    for sig in ending[1:] if main_thread else ():
+        if before[sig] is not signal.SIG_IGN:  # (nohup's SIGHUP stays ignored)
+            signal.signal(sig, _terminate)
     guard = sys.stdout = PipeGuard(sys.stdout)
     try:
         return _dispatch(parser, args, guard)
@@ -130,10 +152,11 @@ def main(argv: list[str] | None = None) -> int:
         release_locks()  # the command's --out folders (sim/core/fsio.py lock_out)
         if sys.stdout is guard:
             sys.stdout = guard.inner
-        if main_thread and sigint is not None and signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
-            # (a test calling main in-process keeps its handler; after a Ctrl-C, SIGINT stays
-            # ignored while the process ends, so that a second one cannot interrupt the clean-up)
-            signal.signal(signal.SIGINT, sigint)
+        for sig, handler in before.items():
+            if handler is not None and signal.getsignal(sig) is not signal.SIG_IGN:
+                # (a test calling main in-process keeps its handlers; after a signal, the ending
+                # signals stay ignored while the process ends, so that none interrupts the clean-up)
+                signal.signal(sig, handler)
 
 
 def _dispatch(parser, args, guard: PipeGuard) -> int:
@@ -159,9 +182,16 @@ def _dispatch(parser, args, guard: PipeGuard) -> int:
         msg = attribute_to_override(_one_line(exc), getattr(args, "set", None) or [])
         print(f"ppsim: error: {' '.join(msg.split())}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        # Handled once: a second Ctrl-C while this one is being handled is ignored, not a traceback.
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
+    except KeyboardInterrupt as exc:
+        # Handled once: a second Ctrl-C (or SIGTERM) while this one is being handled is ignored, not
+        # a traceback. The clean-up ran on the way here (every `finally` and `with` of the command).
+        for name in ("SIGINT", *ENDING_SIGNALS):
+            if hasattr(signal, name):
+                signal.signal(getattr(signal, name), signal.SIG_IGN)
+        if isinstance(exc, Terminated):
+            name = signal.Signals(exc.signum).name
+            print(f"ppsim: terminated by {name}", file=sys.stderr)
+            return 128 + exc.signum
         print("ppsim: interrupted", file=sys.stderr)
         return 130
     except SystemExit as exc:  # nothing of PipeSim's exits mid-command: user code did (a plug-in)

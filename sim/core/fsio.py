@@ -19,12 +19,20 @@
   ends, sim/cli/__init__.py): a second command into the same `--out` while the first runs is
   refused at once, naming the first one's process, instead of both writing and one run being lost.
 
+- **Nothing left behind.** A command ended by SIGINT, SIGTERM or SIGHUP removes its staging
+  folders, temporary files and spill folders (sim/cli/__init__.py turns the signal into an
+  interrupt that unwinds, `temp_folder`'s folders are removed by worker processes too); what a
+  SIGKILLed process left (`.NAME.partial-PID`, `.NAME.old-PID` beside an output folder,
+  `ppsim-*-PID-*` in $TMPDIR) is swept by the next command that stages beside it or spills,
+  once that PID is no longer alive.
+
 Run folders written before the marker existed (holding only a run's files) count as `run`.
 """
 
 from __future__ import annotations
 
 import contextlib
+import glob
 import os
 import shutil
 from pathlib import Path
@@ -43,6 +51,77 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 
 def _tmp_sibling(path: Path, tag: str = "tmp") -> Path:
     return path.with_name(f".{path.name}.{tag}-{os.getpid()}")
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether process `pid` exists (a zombie counts as gone; one of another user's as alive)."""
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    with contextlib.suppress(OSError, IndexError):
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
+    return True
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        with contextlib.suppress(OSError):
+            path.unlink()
+
+
+def sweep_stale(path: Path, tags: tuple[str, ...] = ("partial", "old", "tmp")) -> None:
+    """Remove the staging siblings of `path` (`.NAME.TAG-PID`) whose process has died: what a
+    SIGKILLed command (or a power cut) left behind. A live process's siblings are kept."""
+    parent = path.parent
+    if not parent.is_dir():
+        return
+    for tag in tags:
+        start = f".{path.name}.{tag}-"
+        for sib in parent.glob(f".{glob.escape(path.name)}.{tag}-*"):
+            pid = sib.name[len(start):]
+            if pid.isdigit() and int(pid) != os.getpid() and not pid_alive(int(pid)):
+                _remove(sib)
+
+
+# ---------------------------------------------------------------- temporary folders ($TMPDIR)
+
+_TEMP: set[str] = set()  # this process's temporary folders (removed on a signal: remove_temp_folders)
+_SWEPT: set[str] = set()  # prefixes whose dead processes' folders this process has swept
+
+
+def temp_folder(prefix: str):
+    """A `tempfile.TemporaryDirectory` named `{prefix}{PID}-...` in $TMPDIR, removed when it is
+    collected, at exit, on a signal (`remove_temp_folders`); the first one of each prefix in a
+    process sweeps the folders of that prefix that processes no longer alive left behind."""
+    import tempfile
+    import weakref
+
+    if prefix not in _SWEPT:
+        _SWEPT.add(prefix)
+        with contextlib.suppress(OSError):
+            for old in Path(tempfile.gettempdir()).glob(f"{glob.escape(prefix)}*-*"):
+                pid = old.name[len(prefix):].split("-", 1)[0]
+                if pid.isdigit() and int(pid) != os.getpid() and not pid_alive(int(pid)):
+                    shutil.rmtree(old, ignore_errors=True)
+    tmp = tempfile.TemporaryDirectory(prefix=f"{prefix}{os.getpid()}-")
+    _TEMP.add(tmp.name)
+    weakref.finalize(tmp, _TEMP.discard, tmp.name)
+    return tmp
+
+
+def remove_temp_folders() -> None:
+    """Remove this process's temporary folders now (a signal handler's clean-up before exiting)."""
+    for name in list(_TEMP):
+        shutil.rmtree(name, ignore_errors=True)
+        _TEMP.discard(name)
 
 
 @contextlib.contextmanager
@@ -232,6 +311,7 @@ class StagedFolder:
     def __init__(self, out: str | Path, flag: str = "--out") -> None:
         self.out = Path(out)
         _mkdir(self.out.parent, flag, self.out)
+        sweep_stale(self.out, ("partial", "old"))  # what killed processes left beside it
         self.path = _tmp_sibling(self.out, "partial")
         shutil.rmtree(self.path, ignore_errors=True)
         self.path.mkdir()

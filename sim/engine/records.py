@@ -16,7 +16,6 @@ its iterations; `columns` and `stage_busy` then read the files back, one column 
 from __future__ import annotations
 
 import struct
-import tempfile
 from array import array
 from pathlib import Path
 from typing import Any
@@ -220,7 +219,10 @@ class SpillFiles:
     appended block by block, in a temporary folder removed when this object is collected."""
 
     def __init__(self, num_stages: int) -> None:
-        self._dir = tempfile.TemporaryDirectory(prefix="ppsim-iterations-")
+        from sim.core.fsio import temp_folder
+
+        # (named by this process: removed on a signal, or swept by a later run once it has died)
+        self._dir = temp_folder("ppsim-iterations-")
         self.path = Path(self._dir.name)
         self.num_stages = num_stages
         self.rows = 0

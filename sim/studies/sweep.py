@@ -444,6 +444,11 @@ def _worker_init(parent_pid: int) -> None:
     import signal
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # the parent stops its workers with SIGTERM (and a closed terminal sends SIGHUP to them all):
+    # each removes its spill folders in $TMPDIR before it ends, which the default action would not
+    for name in ("SIGTERM", "SIGHUP"):
+        if hasattr(signal, name):
+            signal.signal(getattr(signal, name), _worker_ended)
     try:
         import ctypes
 
@@ -454,6 +459,13 @@ def _worker_init(parent_pid: int) -> None:
         pass
     if os.getppid() != parent_pid:  # the parent died before prctl took effect
         os._exit(1)
+
+
+def _worker_ended(signum, _frame) -> None:
+    from sim.core.fsio import remove_temp_folders
+
+    remove_temp_folders()
+    os._exit(128 + signum)
 
 
 def _progress(total: int, desc: str, enabled: bool):
