@@ -184,3 +184,72 @@ def test_a_worker_removes_its_spills_when_stopped(tmp_path):
     proc.terminate()
     assert proc.wait(timeout=30) == 128 + signal.SIGTERM
     assert not Path(name).exists()
+
+
+# ---------------------------------------------------------------- 14. a full disk
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 400 KiB tmpfs (root on Linux only; else skipped: the simulated test below runs anywhere)."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=400k", "tmpfs", str(disk)],
+                                           capture_output=True).returncode != 0:
+        pytest.skip("cannot mount a small tmpfs here (needs root)")
+    try:
+        yield disk
+    finally:
+        subprocess.run(["umount", str(disk)], check=False)
+
+
+def test_a_full_disk_is_a_one_line_error_naming_the_path_and_the_free_space(small_disk):
+    out = small_disk / "o"
+    assert invoke(["run", DEFAULT, *SMALL, "--no-iterations", "--out", str(out)])[0] == 0
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    code, _, err = invoke(["run", DEFAULT, "--set", "workload.num_requests=3000", "--out", str(out), "--force"])
+    line = one_line(err)
+    assert code == 2 and f"{out}/" in line and "no space left" in line and "free of" in line, err
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before  # the earlier run, as it was
+    assert sorted(p.name for p in small_disk.iterdir()) == ["o"]  # no staging folder left
+    # a full $TMPDIR, where a run without iterations.csv spills them
+    env = {**os.environ, "TMPDIR": str(small_disk)}
+    proc = subprocess.run([sys.executable, "-m", "sim.cli", "run", DEFAULT, "--set", "workload.num_requests=20000",
+                           "--no-iterations", "--out", str(small_disk.parent / "o2")], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=300)
+    line = one_line(proc.stderr)
+    assert proc.returncode == 2 and f"{small_disk} ($TMPDIR" in line and "free of" in line, proc.stderr
+    assert sorted(p.name for p in small_disk.iterdir()) == ["o"]
+
+
+def test_a_write_that_finds_no_room_is_named_not_an_internal_error(tmp_path, monkeypatch):
+    """ENOSPC simulated (a file whose writes fail after a few kB, as on a full disk) where no tmpfs can be made."""
+    import builtins
+    import errno
+
+    import sim.outputs.csvout as csvout
+
+    class Full:
+        def __init__(self, fh):
+            self.fh, self.n = fh, 0
+
+        def write(self, data):
+            self.n += len(data)
+            if self.n > 4096:
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+            return self.fh.write(data)
+
+        def __getattr__(self, name):
+            return getattr(self.fh, name)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.fh.close()
+
+    monkeypatch.setattr(csvout, "open", lambda *a, **k: Full(builtins.open(*a, **k)), raising=False)
+    out = tmp_path / "o"
+    code, _, err = invoke(["run", DEFAULT, "--set", "workload.num_requests=200", "--out", str(out)])
+    line = one_line(err)
+    assert code == 2 and f"{out}/requests.csv: cannot be written: no space left" in line and "free of" in line
+    assert not out.exists() and list(tmp_path.iterdir()) == []

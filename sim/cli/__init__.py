@@ -202,6 +202,16 @@ def _dispatch(parser, args, guard: PipeGuard) -> int:
         guard._gone()
         return 141
     except OSError as exc:
+        from sim.core.fsio import NO_ROOM, disk_full
+
+        if exc.errno in NO_ROOM and not os.environ.get("PPSIM_DEBUG"):
+            # a write no writer named (e.g. inside a library): the file if the error says, else the
+            # folder the command writes into, else $TMPDIR (spills)
+            import tempfile
+
+            where = exc.filename or getattr(args, "out", None) or tempfile.gettempdir()
+            print(f"ppsim: error: {' '.join(str(disk_full(where, exc)).split())}", file=sys.stderr)
+            return 2
         if exc.filename is None or os.environ.get("PPSIM_DEBUG"):
             return _internal_error(exc)
         msg = f"{_flag_of(args, str(exc.filename))}{exc.filename}: {exc.strerror or exc}"

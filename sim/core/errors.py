@@ -19,3 +19,8 @@ class DataError(PipeSimError):
 class PluginError(PipeSimError):
     """A user plug-in (chunk policy, rebalancer) failed to load, broke a rule of the plug-in
     API, or raised during a run; the message names the plug-in and the rule."""
+
+
+class DiskFull(PipeSimError):
+    """A write found no room (no space left on the device, or a quota exceeded); the message
+    names the path and the space left (sim/core/fsio.py disk_full)."""

@@ -26,19 +26,25 @@
   `ppsim-*-PID-*` in $TMPDIR) is swept by the next command that stages beside it or spills,
   once that PID is no longer alive.
 
+- **A full disk is said.** A write that fails for want of space (ENOSPC, EDQUOT) is a one-line
+  `DiskFull` naming the path and the space left on its file system (`disk_full`); the file being
+  written is removed and the earlier one, if any, kept.
+
 Run folders written before the marker existed (holding only a run's files) count as `run`.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import glob
 import os
+import re
 import shutil
 from pathlib import Path
 from typing import Iterator
 
-from sim.core.errors import ConfigError
+from sim.core.errors import ConfigError, DiskFull
 
 MARKER = ".pipesim"
 RUN_FILES = frozenset({
@@ -124,15 +130,58 @@ def remove_temp_folders() -> None:
         _TEMP.discard(name)
 
 
+# a write that failed for want of room: no space left on the device, or the user's quota exceeded
+NO_ROOM = (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC))
+
+
+def _size(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"
+
+
+def disk_full(path: str | Path, exc: OSError | None = None, what: str = "") -> DiskFull:
+    """The one-line error for a write to `path` that found no room: the path, the reason and
+    the space left on its file system."""
+    # a staging folder's file is named as the output it becomes (.NAME.partial-PID/x: NAME/x)
+    path = Path(*[re.sub(r"^\.(.+)\.(?:partial|tmp)-\d+$", r"\1", part) for part in Path(path).parts])
+    where = Path(path)
+    while not where.exists() and where != where.parent:
+        where = where.parent
+    try:
+        usage = shutil.disk_usage(where)
+        room = f"{_size(usage.free)} free of {_size(usage.total)} on its file system"
+    except OSError:
+        room = "free space unknown"
+    why = "disk quota exceeded" if exc is not None and exc.errno != errno.ENOSPC else "no space left on the device"
+    return DiskFull(f"{path}{what}: cannot be written: {why} ({room}); free some space or write elsewhere "
+                    f"(earlier outputs are kept as they were)")
+
+
+@contextlib.contextmanager
+def no_room_named(path: str | Path, what: str = "") -> Iterator[None]:
+    """Turn a write's ENOSPC/EDQUOT inside the block into `disk_full(path)` (`what`: words after it)."""
+    try:
+        yield
+    except OSError as exc:
+        if exc.errno in NO_ROOM:
+            raise disk_full(path, exc, what) from None
+        raise
+
+
 @contextlib.contextmanager
 def atomic_path(path: str | Path) -> Iterator[Path]:
     """Yield a temporary sibling of `path` to write; on success it is renamed to `path`,
-    on any error (or interrupt) it is removed and `path` is untouched."""
+    on any error (or interrupt) it is removed and `path` is untouched. A full disk is a
+    one-line `DiskFull` naming `path`."""
     path = Path(path)
     tmp = _tmp_sibling(path)
     try:
-        yield tmp
-        os.replace(tmp, path)
+        with no_room_named(path):
+            yield tmp
+            os.replace(tmp, path)
     finally:
         with contextlib.suppress(FileNotFoundError):
             tmp.unlink()

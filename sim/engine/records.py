@@ -232,13 +232,17 @@ class SpillFiles:
         8-byte or, for `mode`, 1-byte items), `busy` the stages' busy seconds row-major."""
         import numpy as np
 
-        for name in SUMMARY_COLUMNS:
-            with open(self.path / name, "ab") as fh:
-                fh.write(blocks[name])
-        flat = np.frombuffer(busy, dtype=np.float64).reshape(rows, self.num_stages)
-        for s in range(self.num_stages):
-            with open(self.path / f"stage{s}", "ab") as fh:
-                np.ascontiguousarray(flat[:, s]).tofile(fh)
+        from sim.core.fsio import no_room_named
+
+        # ($TMPDIR full: a one-line error naming it)
+        with no_room_named(self.path.parent, " ($TMPDIR, where runs without iterations.csv spill them)"):
+            for name in SUMMARY_COLUMNS:
+                with open(self.path / name, "ab") as fh:
+                    fh.write(blocks[name])
+            flat = np.frombuffer(busy, dtype=np.float64).reshape(rows, self.num_stages)
+            for s in range(self.num_stages):
+                with open(self.path / f"stage{s}", "ab") as fh:
+                    np.ascontiguousarray(flat[:, s]).tofile(fh)
         self.rows += rows
 
     def read(self, name: str):
