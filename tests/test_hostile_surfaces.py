@@ -253,3 +253,33 @@ def test_a_write_that_finds_no_room_is_named_not_an_internal_error(tmp_path, mon
     line = one_line(err)
     assert code == 2 and f"{out}/requests.csv: cannot be written: no space left" in line and "free of" in line
     assert not out.exists() and list(tmp_path.iterdir()) == []
+
+
+# ---------------------------------------------------------------- 4. one engine's knobs given to another
+
+@pytest.mark.parametrize("engine, knob", [
+    ("vllm-v1", "overlap=true"), ("vllm-v1", 'schedule_policy="lpm"'), ("vllm-v1", "max_prefill_tokens=4096"),
+    ("vllm-v1", "ignore_eos=false"), ("sglang", "long_prefill_token_threshold=256"), ("sglang", "block_size_tokens=32"),
+    ("fastpp", "block_size_tokens=32"), ("fastpp", "overlap=false"),
+])
+def test_a_knob_the_engine_does_not_read_is_refused(engine, knob):
+    code, _, err = invoke(["run", DEFAULT, *SMALL, "--engine", engine, "--set", f"scheduler.{knob}",
+                           "--out", "/nonexistent/x"])
+    line = one_line(err)
+    key = knob.split("=")[0]
+    assert code == 2 and f"--set scheduler.{knob}" in line and f"{key} = " in line and f"engine {engine!r}" in line
+
+
+def test_a_knob_at_its_default_and_a_runs_own_config_pass(tmp_path):
+    out = tmp_path / "o"
+    code, _, err = invoke(["run", DEFAULT, *SMALL, "--engine", "sglang", "--set", "scheduler.block_size_tokens=16",
+                           "--out", str(out)])
+    assert code == 0, err
+    code, _, err = invoke(["run", str(out / "config.toml"), "--engine", "vllm-v1", "--out", str(tmp_path / "o2")])
+    assert code == 0, err
+
+
+def test_an_empty_engine_is_refused_not_replaced_by_the_configs():
+    for cmd in (["run"], ["goodput"]):
+        code, _, err = invoke([*cmd, DEFAULT, *SMALL, "--engine", "", "--out", "/nonexistent/x"])
+        assert code == 2 and "unknown scheduler engine ''" in one_line(err)

@@ -59,7 +59,7 @@ def cmd_goodput(args) -> int:
     )
 
     rates = parse_rates(args.rates)
-    engine = [f'scheduler.engine="{args.engine}"'] if args.engine else []
+    engine = [f'scheduler.engine="{args.engine}"'] if args.engine is not None else []  # ("": refused)
     base = load_table(args.config, args.set + engine + slo_overrides(args.slo))
     if not args.tol > 0:
         raise ConfigError(f"--tol must be > 0 (req/s), got {args.tol}")

@@ -70,7 +70,7 @@ def cmd_run(args) -> int:
         raise PipeSimError("--limit applies to --trace FILE only")
     from sim.core.slo import slo_overrides
 
-    engine = [f'scheduler.engine="{args.engine}"'] if args.engine else []
+    engine = [f'scheduler.engine="{args.engine}"'] if args.engine is not None else []  # ("": refused)
     table = apply_overrides(table, args.set + engine + slo_overrides(args.slo))
     if args.trace and "rate_rps" in table["workload"]:
         # A rate given for a trace means Poisson arrivals over its rows (a ShareGPT file has no times).

@@ -369,9 +369,35 @@ def apply_overrides(table: dict[str, Any], overrides: list[str]) -> dict[str, An
     return table
 
 
+# The [scheduler] knobs only some built-in engines read (each engine module's `settings`/`build`,
+# sim/engine/schedulers/README.md): set to another value than its default for another engine, a
+# knob would be ignored without a word. (The default passes: a run's config.toml lists every knob.)
+# Plug-in engines read what they like: not checked.
+ENGINE_KNOBS = {
+    "overlap": ("sglang",), "schedule_policy": ("sglang",), "max_prefill_tokens": ("sglang",),
+    "ignore_eos": ("sglang",), "long_prefill_token_threshold": ("vllm-v1",),
+    "block_size_tokens": ("vllm-v1", "vllm-v0"),
+}
+
+
+def check_engine_knobs(sc: "SchedulerConfig", where: str, section: str = "[scheduler]") -> None:
+    """Refuse a knob of `sc` set away from its default that its (built-in) engine does not read."""
+    if sc.engine not in ENGINES:
+        return
+    defaults = {f.name: f.default for f in dataclasses.fields(SchedulerConfig)}
+    for key, engines in ENGINE_KNOBS.items():
+        value = getattr(sc, key)
+        if sc.engine not in engines and value != defaults[key]:
+            names = " or ".join(repr(e) for e in engines)
+            shown = str(value).lower() if isinstance(value, bool) else repr(value).replace("'", '"')
+            raise ConfigError(f"{where}: {section} {key} = {shown} is a setting of engine {names} only; engine "
+                              f"{sc.engine!r} has none and would ignore it; allowed: remove {key}, or engine = {names}")
+
+
 def config_from_table(table: Mapping[str, Any], where: str = "config") -> RunConfig:
     cfg = _from_table(RunConfig, table, where)
     cfg.validate(where)
+    check_engine_knobs(cfg.scheduler, where)
     return cfg
 
 
