@@ -283,3 +283,17 @@ def test_an_empty_engine_is_refused_not_replaced_by_the_configs():
     for cmd in (["run"], ["goodput"]):
         code, _, err = invoke([*cmd, DEFAULT, *SMALL, "--engine", "", "--out", "/nonexistent/x"])
         assert code == 2 and "unknown scheduler engine ''" in one_line(err)
+
+
+# ---------------------------------------------------------------- 5. heterogeneous disaggregated pools
+
+DISAGG = str(REPO / "experiments" / "configs" / "disagg_70b.toml")
+
+
+@pytest.mark.parametrize("profile, differ", [("profiles/built/h100-sxm-80gb/qwen2.5-72b/tp4", "differ in model"),
+                                             ("profiles/built/a100-sxm-80gb/llama-3.1-70b/tp4", "differ in GPU")])
+def test_pools_of_another_model_or_gpu_are_refused(profile, differ):
+    code, _, err = invoke(["run", DISAGG, *SMALL, "--set", f'disaggregation.decode.profile="{profile}"',
+                           "--out", "/nonexistent/x"])
+    line = one_line(err)
+    assert code == 2 and differ in line and profile in line and "llama-3.1-70b/tp4" in line

@@ -76,6 +76,7 @@ interfering beyond re-prefills after retraction. Pools run FastPP's scheduler (`
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections import deque
 from dataclasses import replace
@@ -188,6 +189,33 @@ def check_pools(cfg: RunConfig) -> dict[str, RunConfig]:
     return out
 
 
+def same_model_and_gpu(pool_cfgs: dict[str, RunConfig]) -> None:
+    """Refuse pools whose profiles are of different models or GPUs: the KV transfer is costed
+    with one model's shapes and the cluster placed for one GPU (the decode pool's profile), so
+    heterogeneous pools (Splitwise-style) are not modelled; each pool may differ only in TP/PP."""
+    from sim.engine.run import load_profile_cached
+    from sim.profiling.cluster import model_of_profile
+
+    seen = {}
+    for name in POOLS:
+        pc = pool_cfgs[name]
+        prof = load_profile_cached(pc.latency.profile_path())
+        meta = prof.meta
+        arch = model_of_profile(meta, str(prof.path / "meta.toml"))
+        head = meta.get("profile") if isinstance(meta.get("profile"), dict) else {}
+        roof = meta.get("roofline") if isinstance(meta.get("roofline"), dict) else {}
+        gpu = str(roof.get("gpu_spec") or head.get("gpu_spec") or head.get("gpu") or "?")
+        shapes = {k: v for k, v in dataclasses.asdict(arch).items() if k != "name"}
+        seen[name] = (pc.latency.profile, arch.name, gpu, shapes)
+    (pp, pm, pg, ps), (dp, dm, dg, ds) = seen["prefill"], seen["decode"]
+    if ps != ds or pm != dm or pg != dg:
+        what = "model" if (ps != ds or pm != dm) else "GPU"
+        raise ConfigError(f"config [disaggregation.decode] profile {dp} ({dm} on {dg}) and [disaggregation.prefill] "
+                          f"profile {pp} ({pm} on {pg}) differ in {what}: pools of different models or GPUs are not "
+                          f"modelled (the KV transfer takes one model's shapes, the cluster one GPU); allowed: "
+                          f"profiles of one model on one GPU, one for each pool's tp")
+
+
 def run_disaggregated(cfg: RunConfig, requests, keep_iterations: bool = True, alt_slos: tuple = (),
                       itls: bool = True):
     """Simulate a disaggregated deployment; returns a `sim.engine.run.RunResult`."""
@@ -225,6 +253,7 @@ class DisaggRun:
                 lats[name].append(by_key[comm.key])
             sizes[name] = pool_sizes(pc, lats[name][0])
         self.model = model_of_profile(base.meta, str(base.path / "meta.toml"))
+        same_model_and_gpu(self.pool_cfgs)
         self.layers = {n: list(lats[n][0].layers) for n in POOLS}
         # a request must fit both pools: the stricter context limit truncates and clips for both
         self.max_req_len = min(sizes[n][2] for n in POOLS)
