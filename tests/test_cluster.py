@@ -86,10 +86,10 @@ def _net_file(**over) -> dict:
 
 
 @pytest.mark.parametrize("over, match", [
-    ({"nic_achievable_gbps": math.inf}, r"'nic_achievable_gbps' must be a positive finite number, got inf"),
-    ({"link_latency_us": -1}, r"'link_latency_us' must be a positive finite number"),
+    ({"nic_achievable_gbps": math.inf}, r"'nic_achievable_gbps' must be a finite number in \(0, 400\], got inf"),
+    ({"link_latency_us": -1}, r"'link_latency_us' must be a finite number in \(0, 1000\]"),
     ({"nic_achievable_gbps": 60.0}, r"exceeds the line rate \(400 Gb/s = 50 GB/s\)"),
-    ({"nics_per_node": 0}, r"'nics_per_node' must be an integer >= 1, got 0"),
+    ({"nics_per_node": 0}, r"'nics_per_node' must be an integer in \[1, 1024\], got 0"),
     ({"gpus_share_nics": True}, r"'gpus_share_nics' is true but nics_per_node = 8 .* allowed: true exactly"),
     ({"kind": "myrinet"}, r"'kind' must be one of infiniband, roce, efa"),
     ({"source": None}, r"field 'source' must be a non-empty string"),

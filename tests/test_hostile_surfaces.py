@@ -297,3 +297,31 @@ def test_pools_of_another_model_or_gpu_are_refused(profile, differ):
                            "--out", "/nonexistent/x"])
     line = one_line(err)
     assert code == 2 and differ in line and profile in line and "llama-3.1-70b/tp4" in line
+
+
+# ---------------------------------------------------------------- 6. cluster NICs and network files
+
+def test_more_nics_per_gpu_than_the_network_describes_is_refused():
+    sets = ["--set", 'cluster={nodes = 4, gpus_per_node = 8, network = "ib-ndr", nics_per_node = 1024}']
+    code, _, err = invoke(["run", DISAGG, *SMALL, *sets, "--out", "/nonexistent/x"])
+    line = one_line(err)
+    assert code == 2 and "nics_per_node = 1024" in line and "allowed: 1 to 8" in line
+    sets = ["--set", 'cluster={nodes = 1, gpus_per_node = 8, network = "ib-ndr", nics_per_node = 8}']
+    code, _, err = invoke(["run", DISAGG, *SMALL, *sets, "--out", "/nonexistent/x"])
+    assert "nics_per_node" not in err
+
+
+@pytest.mark.parametrize("key, value", [("nic_achievable_gbps", 1e-300), ("nic_line_rate_gbit_s", 1e300),
+                                        ("link_latency_us", 1e9), ("nics_per_node", 10**6),
+                                        ("nic_achievable_gbps", 1.0)])
+def test_network_file_numbers_are_bounded_above_and_below(key, value):
+    import tomllib
+
+    from sim.core.errors import DataError
+    from sim.profiling.cluster import NETWORKS_DIR, network_from_table
+
+    table = tomllib.loads((NETWORKS_DIR / "ib-ndr.toml").read_text())
+    network_from_table("ib-ndr", table, "ib-ndr.toml")  # (as shipped: fine)
+    table["network"][key] = value
+    with pytest.raises(DataError, match=f"ib-ndr.toml \\[network\\]: field '{key}'"):
+        network_from_table("ib-ndr", table, "ib-ndr.toml")

@@ -67,6 +67,15 @@ NETWORK_KINDS = ("infiniband", "roce", "efa")
 # the numbers a network file must give, each with a citation under [sources]
 NETWORK_NUMBERS = ("nic_line_rate_gbit_s", "nic_achievable_gbps", "link_latency_us")
 NETWORK_COUNTS = ("nics_per_node", "reference_gpus_per_node")
+# Bounds of a network file's numbers: a line rate from 1 Gb/s to 3.2 Tb/s per NIC (today's largest is
+# 800 Gb/s), a one-way latency up to 1 ms (EFA's is ~10 us); a NIC reaches at least 10% of its line rate
+# with NCCL (the files' 85-96%); at most 8 NICs per GPU (AWS p5: 4) and 1024 per node. Beyond them a
+# file is a typo, not a network: 1e-300 GB/s gave P90 TTFTs of 1e305 ms with status ok.
+NETWORK_RANGES = {"nic_line_rate_gbit_s": (0.5, 3200.0), "nic_achievable_gbps": (0.0, 400.0),
+                  "link_latency_us": (0.0, 1000.0)}
+MIN_ACHIEVABLE_SHARE = 0.1
+MAX_NICS_PER_GPU = 8
+MAX_NETWORK_COUNT = 1024
 NETWORK_CITED = (*NETWORK_NUMBERS, "nics_per_node")
 CLUSTER_KEYS = ("nodes", "gpus_per_node", "gpu", "interconnect", "network", "nics_per_node")
 
@@ -135,15 +144,19 @@ def network_from_table(name: str, cfg: dict, where: str) -> NetworkSpec:
     nums = {}
     for key in NETWORK_NUMBERS:
         v = net.get(key)
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
-            raise DataError(f"{w}: field {key!r} must be a positive finite number, got {v!r}")
+        lo, hi = NETWORK_RANGES[key]
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or not lo < v <= hi:
+            raise DataError(f"{w}: field {key!r} must be a finite number in ({lo:g}, {hi:g}], got {v!r}")
         nums[key] = float(v)
     counts = {}
     for key in NETWORK_COUNTS:
         v = net.get(key)
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise DataError(f"{w}: field {key!r} must be an integer >= 1, got {v!r}")
+        if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= MAX_NETWORK_COUNT:
+            raise DataError(f"{w}: field {key!r} must be an integer in [1, {MAX_NETWORK_COUNT}], got {v!r}")
         counts[key] = v
+    if counts["nics_per_node"] > MAX_NICS_PER_GPU * counts["reference_gpus_per_node"]:
+        raise DataError(f"{w}: field 'nics_per_node' ({counts['nics_per_node']}) is more than {MAX_NICS_PER_GPU} "
+                        f"NICs per GPU of the reference node ({counts['reference_gpus_per_node']} GPUs)")
     kind = net.get("kind")
     if kind not in NETWORK_KINDS:
         raise DataError(f"{w}: field 'kind' must be one of {', '.join(NETWORK_KINDS)}, got {kind!r}")
@@ -159,6 +172,11 @@ def network_from_table(name: str, cfg: dict, where: str) -> NetworkSpec:
     if nums["nic_achievable_gbps"] * 8 > nums["nic_line_rate_gbit_s"]:
         raise DataError(f"{w}: field 'nic_achievable_gbps' ({nums['nic_achievable_gbps']:g} GB/s) exceeds the line "
                         f"rate ({nums['nic_line_rate_gbit_s']:g} Gb/s = {nums['nic_line_rate_gbit_s'] / 8:g} GB/s)")
+    if nums["nic_achievable_gbps"] * 8 < MIN_ACHIEVABLE_SHARE * nums["nic_line_rate_gbit_s"]:
+        raise DataError(f"{w}: field 'nic_achievable_gbps' ({nums['nic_achievable_gbps']:g} GB/s) is under "
+                        f"{MIN_ACHIEVABLE_SHARE:.0%} of the line rate ({nums['nic_line_rate_gbit_s'] / 8:g} GB/s); "
+                        f"allowed: [{MIN_ACHIEVABLE_SHARE * nums['nic_line_rate_gbit_s'] / 8:g}, "
+                        f"{nums['nic_line_rate_gbit_s'] / 8:g}] GB/s")
     texts = {}
     for key in ("description", "node", "source", "status"):
         v = net.get(key)
@@ -683,8 +701,16 @@ class ClusterModel:
 
 def load_cluster_model(spec: ClusterSpec) -> ClusterModel:
     """Read the network file and the interconnect's values for `spec`."""
-    return ClusterModel(spec, load_network(spec.network),
-                        intra_node_link(spec.gpu, spec.interconnect, spec.gpus_per_node))
+    net = load_network(spec.network)
+    # [cluster] nics_per_node: no more NICs per GPU than the network's reference node has (its cited
+    # layout; at least one per GPU): 1,024 NICs on a node made crossing nodes faster than NVSwitch
+    ratio = max(1.0, net.nics_per_node / net.reference_gpus_per_node)
+    most = int(ratio * spec.gpus_per_node)
+    if spec.nics_per_node and spec.nics_per_node > most:
+        raise ConfigError(f"config [cluster] nics_per_node = {spec.nics_per_node}: more NICs per GPU than network "
+                          f"{spec.network!r} describes ({net.nics_per_node} NICs for {net.reference_gpus_per_node} "
+                          f"GPUs); allowed: 1 to {most} for {spec.gpus_per_node} GPUs per node")
+    return ClusterModel(spec, net, intra_node_link(spec.gpu, spec.interconnect, spec.gpus_per_node))
 
 
 # -- a latency profile's hardware and model (what a run's [cluster] defaults to) --------------------------------
