@@ -325,3 +325,55 @@ def test_network_file_numbers_are_bounded_above_and_below(key, value):
     table["network"][key] = value
     with pytest.raises(DataError, match=f"ib-ndr.toml \\[network\\]: field '{key}'"):
         network_from_table("ib-ndr", table, "ib-ndr.toml")
+
+
+# ---------------------------------------------------------------- 7. a profile's [model], HF configs, MHA
+
+TINY = REPO / "tests" / "data" / "tiny-profile"
+
+
+@pytest.mark.parametrize("old, new, needle", [
+    ("num_kv_heads = 2", "num_kv_heads = 8", "'num_kv_heads' (8) must divide 'num_q_heads' (4)"),
+    ("num_kv_heads = 2", "num_kv_heads = 3", "'num_kv_heads' (3) must divide 'num_q_heads' (4)"),
+    ("dtype_bytes = 2", "dtype_bytes = 3", "'dtype_bytes' must be 1, 2 or 4, got 3"),
+])
+def test_a_profiles_model_table_is_checked_as_a_model_file_is(tmp_path, old, new, needle):
+    import shutil
+
+    prof = tmp_path / "prof"
+    shutil.copytree(TINY, prof)
+    text = (prof / "meta.toml").read_text()
+    assert old in text
+    (prof / "meta.toml").write_text(text.replace(old, new))
+    code, _, err = invoke(["run", DEFAULT, *SMALL, "--set", f'latency.profile="{prof}"', "--set", "parallel.pp=1",
+                           "--out", str(tmp_path / "o")])
+    line = one_line(err)
+    assert code == 2 and needle in line and str(prof / "meta.toml") in line
+
+
+def _hf_config(tmp_path, **over) -> Path:
+    cfg = {"model_type": "llama", "hidden_act": "silu", "num_hidden_layers": 32, "hidden_size": 4096,
+           "intermediate_size": 11008, "num_attention_heads": 32, "num_key_value_heads": 8, "vocab_size": 32000,
+           "max_position_embeddings": 4096, "torch_dtype": "float16", **over}
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(cfg))
+    return path
+
+
+@pytest.mark.parametrize("over, needle", [
+    ({"num_key_value_heads": 0}, "'num_key_value_heads' must be an integer >= 1, got 0"),
+    ({"hidden_size": 1}, "'hidden_size' (1) must be a multiple of 'num_attention_heads' (32)"),
+])
+def test_hugging_face_configs_are_not_misread(tmp_path, over, needle):
+    code, _, err = invoke(["profile", "build", "--model-config", str(_hf_config(tmp_path, **over)), "--gpu",
+                           "a100-sxm-80gb", "--tp", "1", "--out", str(tmp_path / "p")])
+    assert code == 2 and needle in one_line(err) and not (tmp_path / "p").exists()
+
+
+def test_a_build_that_fails_its_physics_check_is_refused_not_written(tmp_path):
+    path = _hf_config(tmp_path, num_key_value_heads=32)  # multi-head attention
+    code, _, err = invoke(["profile", "build", "--model-config", str(path), "--gpu", "a100-sxm-80gb", "--tp", "1",
+                           "--out", str(tmp_path / "p")])
+    line = one_line(err)
+    assert code == 2 and "fails the physics check" in line and "multi-head attention" in line
+    assert not (tmp_path / "p").exists() and sorted(p.name for p in tmp_path.iterdir()) == ["config.json"]

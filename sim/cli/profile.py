@@ -383,7 +383,7 @@ def cmd_build(args) -> int:
     if gpu.kernel_data == "aic":
         raise PipeSimError(f"profile build --gpu {gpu.name}: no Vidur kernel data for this GPU; allowed: --data aic")
     ic = load_interconnect(args.interconnect or gpu.default_interconnect)
-    prof = build_profile(model, gpu, ic, args.tp, args.out)
+    prof = build_profile(model, gpu, ic, args.tp, args.out, physics=True)
     p = prof.meta["profile"]
     print(f"wrote {args.out}: {model.name} on {gpu.display} ({ic.name}), TP{args.tp}; {p['data_source']}")
     fe = prof.meta["fit_errors"]

@@ -420,6 +420,13 @@ class Profile:
 
     def shape(self) -> ModelShape:
         m, where = self.meta["model"], f"{self.path / 'meta.toml'} [model]"
+        # the checks a model file gets (sim/profiling/specs.py model_from_table): grouped-query heads
+        # divide the query heads (so there are no more of them), and a dtype is 1, 2 or 4 bytes
+        q, kv = int(_need(m, "num_q_heads", where)), int(_need(m, "num_kv_heads", where))
+        if q % kv:
+            raise DataError(f"{where}: key 'num_kv_heads' ({kv}) must divide 'num_q_heads' ({q})")
+        if m.get("dtype_bytes", 2) not in (1, 2, 4):
+            raise DataError(f"{where}: key 'dtype_bytes' must be 1, 2 or 4, got {m.get('dtype_bytes')!r}")
         return ModelShape(
             num_layers=int(_need(m, "num_layers", where)),
             hidden_size=int(_need(m, "hidden_size", where)),

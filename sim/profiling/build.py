@@ -194,12 +194,33 @@ def render_attention_csv(pre: dict, dec: dict) -> str:
                       ",".join(["decode", _fmt(dec["a_ms"]), "", "", "", _fmt(dec["b_ctx"])])]) + "\n"
 
 
+def _physics_or_refuse(folder: Path, model: ModelArch, tp: int) -> None:
+    """A one-line DataError when the profile in `folder` breaks the hardware's physics (`profile
+    check`): e.g. a multi-head (non-GQA) model, whose attention the grouped-query kernel fits,
+    scaled by query heads, put at 150-290% of HBM bandwidth past 8k tokens."""
+    from sim.latency.physics import check_profile
+    from sim.latency.profiled import Profile
+
+    prof = Profile.load(folder)
+    if prof.bounds() is None:
+        return
+    rep = check_profile(prof)
+    if rep.ok:
+        return
+    first = rep.problems[0].line("").strip() if rep.problems else "see ppsim profile check"
+    mha = (f"; {model.name} has multi-head attention (num_kv_heads = num_q_heads = {model.num_q_heads}), which the "
+           f"grouped-query attention fits do not cover" if model.num_kv_heads == model.num_q_heads else "")
+    raise DataError(f"profile build {model.name} TP{tp}: the built profile fails the physics check ({first}){mha}; "
+                    f"not written")
+
+
 def build_profile(model: ModelArch, gpu: GpuSpec, ic: Interconnect, tp: int, out: str | Path,
-                  compact: bool = False, replace: bool = True):
+                  compact: bool = False, replace: bool = True, physics: bool = False):
     """Write a built profile to `out` and return the loaded `Profile`. `compact` (the shipped library)
     writes only the linear and total columns of layer_nonattn.csv; the timing is the same.
     `replace=False` (the profile cache): keep `out` if another process has written it meanwhile
-    (the same inputs build the same profile), so concurrent builds never move a folder a reader uses."""
+    (the same inputs build the same profile), so concurrent builds never move a folder a reader uses.
+    `physics` (`ppsim profile build`): a profile that fails `profile check` is refused, not written."""
     from sim.latency.profiled import Profile
 
     model.check_tp(tp)
@@ -292,6 +313,8 @@ def build_profile(model: ModelArch, gpu: GpuSpec, ic: Interconnect, tp: int, out
         fsio.write_text(staged.path / "attention.csv", render_attention_csv(pre, dec))
         fsio.write_text(staged.path / "meta.toml", text)
         check_staged(staged)
+        if physics:
+            _physics_or_refuse(staged.path, model, tp)
         if replace:
             staged.commit()
         else:

@@ -167,8 +167,14 @@ def model_from_hf_config(path: str | Path, name: str | None = None) -> ModelArch
             raise DataError(f"{where}: missing field {key!r}")
     heads = _int(cfg, "num_attention_heads", where)
     hidden = _int(cfg, "hidden_size", where)
-    head_dim = cfg.get("head_dim") or hidden // heads
-    kv = cfg.get("num_key_value_heads") or heads
+    if cfg.get("head_dim") is None and hidden % heads:
+        # head_dim is hidden_size / num_attention_heads when the config gives none (transformers' default)
+        raise DataError(f"{where}: field 'hidden_size' ({hidden!r}) must be a multiple of 'num_attention_heads' "
+                        f"({heads}) when the config has no 'head_dim'")
+    head_dim = cfg.get("head_dim") if cfg.get("head_dim") is not None else hidden // heads
+    # absent (or null): multi-head attention, as transformers reads it; 0 is no count of heads
+    kv = cfg.get("num_key_value_heads")
+    kv = heads if kv is None else kv
     dtype = cfg.get("torch_dtype", "bfloat16")
     if dtype not in ("bfloat16", "float16", "float32"):
         raise DataError(f"{where}: field 'torch_dtype' is {dtype!r}; allowed: bfloat16, float16, float32")
