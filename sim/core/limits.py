@@ -42,3 +42,22 @@ def check_num_requests(num: object, where: str, memory_bytes: int | None = None)
         raise ConfigError(f"{where}: field 'num_requests' = {num} needs about {need_gib:.0f} GiB of memory; "
                           f"allowed: 1..{limit} on this machine (about {BYTES_PER_REQUEST // 1000} KB per request, "
                           f"at most {MEMORY_SHARE:.0%} of its memory)")
+
+
+def check_sessions(sessions: int, turns_mean: float, where: str, memory_bytes: int | None = None) -> None:
+    """`check_num_requests` for a conversation workload: its `num_sessions` x `turns_mean` requests
+    (the expected count; the drawn one is checked again once drawn, `check_drawn`)."""
+    limit = max_num_requests(memory_bytes)
+    expected = sessions * turns_mean
+    if expected > limit:
+        raise ConfigError(f"{where}: num_sessions = {sessions} x turns_mean = {turns_mean:g} is about {expected:.3g} "
+                          f"requests, needing about {expected * BYTES_PER_REQUEST / 2**30:.0f} GiB of memory; "
+                          f"allowed: at most {limit} requests on this machine (num_sessions x turns_mean)")
+
+
+def check_drawn(total: int, where: str, memory_bytes: int | None = None) -> None:
+    """A workload's drawn request count against the same bound (a draw far above its mean)."""
+    limit = max_num_requests(memory_bytes)
+    if total > limit:
+        raise ConfigError(f"{where}: the sessions drew {total} turns (requests), more than the {limit} this machine "
+                          f"holds; allowed: a smaller num_sessions or turns_mean")

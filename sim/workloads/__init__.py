@@ -76,7 +76,10 @@ def build_workload(table: Mapping[str, Any], *, seed: int) -> list[RequestSpec]:
     builder = workload_kinds.get(str(kind), where=f"{where}: field 'kind'")
     # the client's loop (concurrency, timeouts) is read by `workload_client`, not by the kind
     params = {k: v for k, v in merged.items() if k not in META_KEYS and k not in CLIENT_KEYS}
-    requests = builder(params, seed=seed, where=where)
+    try:
+        requests = builder(params, seed=seed, where=where)
+    except ConfigError as exc:
+        raise _blame_merged(exc, table, where) from None
     last = requests[-1].arrival_s if requests else 0.0
     if not last <= MAX_ARRIVAL_S:  # (NaN too)
         # a rate so low (or timestamps so far apart) that the clock would lose its resolution:
@@ -92,6 +95,20 @@ def workload_client(table: Mapping[str, Any]) -> ClientSpec | None:
     """The client loop of a [workload] table (sim/workloads/client.py); None: open loop, no timeout."""
     merged, where = resolve_workload(table)
     return client_of(merged, where)
+
+
+def _blame_merged(exc: ConfigError, table: Mapping[str, Any], where: str) -> ConfigError:
+    """`exc` re-headed to the config's [workload] table when the unknown field it names came from
+    there (merged over the named file, e.g. num_requests over a conversation workload), not from the
+    shipped file it names."""
+    import re
+
+    text = str(exc)
+    m = re.search(r"unknown field '([^']+)'", text)
+    if m and "kind" not in table and m.group(1) in table and text.startswith(f"{where}: "):
+        return ConfigError(f"config [workload] {m.group(1)} = {table[m.group(1)]!r} (merged over {where}): "
+                           f"{text[len(where) + 2:]}")
+    return exc
 
 
 def build_workload_said(table: Mapping[str, Any], *, seed: int) -> tuple[list[RequestSpec], list[str]]:

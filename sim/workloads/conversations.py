@@ -75,6 +75,10 @@ def build_conversation(params: Mapping[str, Any], *, seed: int, where: str) -> l
     think = _number(params, "think_time_s", 30.0, where, 0, 1e6)
     reply = _number(params, "reply_time_s", 5.0, where, 0, 1e6)
     max_ctx = _number(params, "max_context_tokens", 16384, where, 2, MAX_REQUEST_TOKENS, integer=True)
+    from sim.core.limits import check_drawn, check_sessions
+
+    # the memory bound num_requests has (sim/core/limits.py), before any session is drawn
+    check_sessions(sessions, 1.0 if params.get("file") is not None else turns_mean, where)
     rng = stream(seed, "sessions")
     if params.get("file") is not None:
         convs = _sharegpt_sessions(params, sessions, where)
@@ -86,6 +90,7 @@ def build_conversation(params: Mapping[str, Any], *, seed: int, where: str) -> l
         # 1 + geometric: mean turns_mean (p = 1 / turns_mean)
         turns = rng.geometric(1.0 / turns_mean, size=sessions) if turns_mean > 1 else np.ones(sessions, dtype=int)
         total = int(turns.sum())
+        check_drawn(total, where)
         lengths = params.get("lengths", {"source": "sharegpt"})
         msgs, replies = sample_lengths(lengths, total, stream(seed, "lengths"), where)
     starts = poisson_arrivals(sessions, rate, stream(seed, "arrivals"))
