@@ -399,3 +399,48 @@ def test_a_field_the_config_merged_into_a_workload_is_blamed_on_the_config(tmp_p
     code, _, err = invoke(["run", str(cfg), "--out", str(tmp_path / "o")])
     line = one_line(err)
     assert code == 2 and line.startswith("ppsim: error: config [workload] num_requests = 400 (merged over ")
+
+
+# ---------------------------------------------------------------- 9. validate: context and backends
+
+def _bench_log(tmp_path, **over) -> Path:
+    from tests.test_validate import sglang_result
+
+    rec = {**sglang_result(), **over}
+    log = tmp_path / "bench.jsonl"
+    log.write_text(json.dumps(rec) + "\n")
+    return log
+
+
+def _fast_config(tmp_path, context: int = 16384) -> Path:
+    from tests.test_validate import FAST
+
+    cfg = tmp_path / "fast.toml"
+    cfg.write_text(FAST.replace("[scheduler]\n", f"[scheduler]\ncontext_length_tokens = {context}\n"))
+    return cfg
+
+
+def test_validate_gives_the_log_a_context_that_holds_its_requests_and_says_so(tmp_path):
+    log = _bench_log(tmp_path)  # prompts up to 450 tokens, which the real server served
+    code, out, err = invoke(["validate", "--bench-log", str(log), "--config", str(_fast_config(tmp_path, 200))])
+    assert code == 0, err
+    assert "context_length_tokens raised from 200 to 459" in out + err
+    assert "truncated" not in out + err
+
+
+def test_validate_says_what_a_set_context_truncated(tmp_path):
+    log = _bench_log(tmp_path)
+    code, out, err = invoke(["validate", "--bench-log", str(log), "--config", str(_fast_config(tmp_path)),
+                             "--set", "scheduler.context_length_tokens=200"])
+    assert code == 0, err
+    assert "prompt(s) truncated" in out + err
+
+
+def test_validate_refuses_a_backend_pipesim_does_not_model(tmp_path):
+    log = _bench_log(tmp_path, backend="tgi")
+    code, _, err = invoke(["validate", "--bench-log", str(log), "--config", str(_fast_config(tmp_path))])
+    line = one_line(err)
+    assert code == 2 and "backend 'tgi' is not one PipeSim models" in line and "--engine" in line
+    code, _, err = invoke(["validate", "--bench-log", str(log), "--config", str(_fast_config(tmp_path)),
+                           "--engine", "sglang"])
+    assert code == 0, err

@@ -291,6 +291,12 @@ def engine_for_log(real: dict, path: Path, engine: str | None) -> tuple[str | No
     elif real.get("backend") in BACKEND_ENGINES:
         chosen = BACKEND_ENGINES[real["backend"]]
         why = f"the log's backend {real['backend']!r} ({path} line {real['line']})"
+    elif real.get("backend") not in (None, ""):
+        # a backend PipeSim has no scheduler for (TGI, TensorRT-LLM, ...): replaying it on the
+        # config's engine would be a comparison with another server's measurement, unsaid
+        raise ConfigError(f"{path}: line {real['line']}: backend {real['backend']!r} is not one PipeSim models; "
+                          f"allowed: {', '.join(BACKEND_ENGINES)}, or --engine ENGINE to replay the log on one of "
+                          f"PipeSim's engines anyway")
     else:
         return None, None, "the config's (the log names no backend)"
     if real.get("engine_version") is None:
@@ -327,6 +333,16 @@ def validate(log_path, workload: str | None, config_path, overrides: list[str], 
                 overrides = [o for o in overrides if not o.strip().startswith(f"workload.{key}=")]
                 overrides = list(overrides) + [f"workload.{key}={real[key]}"]
         cfg = load_config(config_path, overrides)
+        if workload is None and not any(o.strip().startswith("scheduler.context_length_tokens") for o in overrides):
+            # the real server served every request of the log: a context that holds the longest one
+            # (SGLang's max_req_input_len = context - 6), not a truncation counted as PipeSim's error
+            need = max((int(p) + int(o) + 7 for p, o in zip(*real["lengths"])), default=0)
+            if need > cfg.scheduler.context_length_tokens:
+                echo(f"warning: {path} line {real['line']}: [scheduler] context_length_tokens raised from "
+                     f"{cfg.scheduler.context_length_tokens} to {need} to hold the log's longest request (the real "
+                     f"server served it)")
+                overrides = list(overrides) + [f"scheduler.context_length_tokens={need}"]
+                cfg = load_config(config_path, overrides)
         if workload:
             rate = "inf" if math.isinf(real["request_rate"]) else real["request_rate"]
             cfg = load_config(config_path, list(overrides) + [f'workload.name="{workload}"',
@@ -342,5 +358,11 @@ def validate(log_path, workload: str | None, config_path, overrides: list[str], 
         for text in changed:  # what the workload's reader changed of its input
             echo(f"warning: {text}")
         result = run(cfg, requests)
-        rows += compare(real, summarize(result))
+        summary = summarize(result)
+        cut = (summary.get("num_truncated_prompts") or 0, summary.get("num_clipped_outputs") or 0)
+        if any(cut):  # (the KV pool, or a --set context, still cut some: the error below includes it)
+            echo(f"warning: {cut[0]} prompt(s) truncated and {cut[1]} output(s) clipped to the simulated context "
+                 f"length or KV pool ({cfg.scheduler.context_length_tokens} tokens, pool "
+                 f"{summary.get('kv_capacity_tokens')}): the errors below include what that changed")
+        rows += compare(real, summary)
     return pd.DataFrame(rows)
