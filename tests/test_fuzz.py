@@ -31,7 +31,7 @@ from tests.fuzzing import check, confined, invoke, snapshot, toml_value
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT = str(REPO / "experiments" / "configs" / "default.toml")
 FUZZ_EXAMPLES = 60
-FUZZ_EXAMPLES_SLOW = 2600  # x 5 tests: > 10^4
+FUZZ_EXAMPLES_SLOW = 2600  # x 6 tests: > 10^4
 # the profile-values test's fast tier runs this many times FUZZ_EXAMPLES: a random key of a profile is
 # seldom one the simulator reads, and its cases are cheap (a tiny profile, 20 requests)
 PROFILE_SCALE = 4
@@ -70,6 +70,7 @@ KEYS = [
     "workload.rate", "workload.lengths.source", "workload.name", "bogus", "parallel.bogus",
     "scheduler.engine", "scheduler.prefix_cache", "scheduler.block_size_tokens", "scheduler.cuda_graphs",
     "scheduler.long_prefill_token_threshold", "scheduler.schedule_policy", "scheduler.overlap",
+    "scheduler.max_prefill_tokens", "scheduler.ignore_eos",
 ]
 ENGINE_VALUES = st.sampled_from(["fastpp", "sglang", "vllm-v1", "vllm-v0"])
 # Every case runs few requests, so that a legal value finishes quickly and a hang stands out.
@@ -105,6 +106,62 @@ def test_fuzz_config_overrides(tmp_path, fuzz_settings):
             argv += ["--set", f"{key}={toml_value(value)}"]
         _run_case(tmp_path, argv, names=tuple(k for k, _ in overrides) + ("--set",),
                   sets=tuple(k for k, _ in overrides) + ("scheduler.engine",))
+
+    case()
+
+
+# ---------------------------------------------------------------- the surfaces of issue 40
+# conversations, clusters, disaggregated pools and engine knobs: a base that is valid, then 1-3
+# overrides of that surface's keys, hostile or plausible (plausible values reach the code past the
+# range checks: pools of other shapes, networks, session counts)
+
+DISAGG = str(REPO / "experiments" / "configs" / "disagg_70b.toml")
+SURFACES = {
+    "conversation": (["run", DEFAULT, "--set", 'workload={name="chat-sessions", num_sessions=4}'], [
+        "workload.num_sessions", "workload.turns_mean", "workload.think_time_s", "workload.reply_time_s",
+        "workload.max_context_tokens", "workload.rate_rps", "workload.lengths.source", "workload.chars_per_token",
+        "workload.file", "workload.num_requests", "scheduler.prefix_cache", "scheduler.kv_tokens",
+    ]),
+    "cluster": (["run", DEFAULT, "--set", 'cluster={nodes = 2, gpus_per_node = 2, network = "ib-hdr"}'], [
+        "cluster.nodes", "cluster.gpus_per_node", "cluster.nics_per_node", "cluster.network", "cluster.gpu",
+        "cluster.interconnect", "cluster.bogus", "parallel.pp", "parallel.tp", "parallel.replicas",
+    ]),
+    "disaggregation": ([ "run", DISAGG], [
+        "disaggregation.kv_transfer", "disaggregation.first_token", "disaggregation.decode_reserve_tokens",
+        "disaggregation.prefill.tp", "disaggregation.prefill.pp", "disaggregation.prefill.instances",
+        "disaggregation.prefill.chunk_size_tokens", "disaggregation.prefill.kv_tokens",
+        "disaggregation.decode.tp", "disaggregation.decode.instances", "disaggregation.decode.profile",
+        "disaggregation.decode.max_running_requests", "disaggregation.bogus", "cluster.nodes", "cluster.nics_per_node",
+    ]),
+    "engine": (["run", DEFAULT, "--set", "parallel.pp=1"], [
+        "scheduler.engine", "scheduler.overlap", "scheduler.schedule_policy", "scheduler.max_prefill_tokens",
+        "scheduler.ignore_eos", "scheduler.long_prefill_token_threshold", "scheduler.block_size_tokens",
+        "scheduler.cuda_graphs", "scheduler.prefix_cache", "scheduler.kv_tokens", "scheduler.mem_fraction",
+    ]),
+}
+PLAUSIBLE = st.one_of(st.integers(0, 16), st.sampled_from([
+    "ib-ndr", "efa-p5", "roce-100g", "nvswitch", "pcie", "h100-sxm-80gb", "a100-sxm-80gb", "layerwise", "prefill",
+    "after_prefill", "decode", "fcfs", "lpm", "sglang", "vllm-v1", "vllm-v0", "fastpp", "sharegpt", 1.5, 0.25,
+    "profiles/built/h100-sxm-80gb/qwen2.5-72b/tp4", "profiles/built/a100-sxm-80gb/llama-3.1-70b/tp4",
+    "profiles/built/h100-sxm-80gb/llama-3.1-70b/tp2", True, False, 4096, 10**6, 1000,
+]))
+
+
+def test_fuzz_new_surfaces(tmp_path, request):
+    @examples(request)
+    @given(st.sampled_from(sorted(SURFACES)), st.data())
+    def case(surface, data):
+        base, keys = SURFACES[surface]
+        overrides = data.draw(st.lists(st.tuples(st.sampled_from(keys), st.one_of(PLAUSIBLE, VALUES)),
+                                       min_size=1, max_size=3))
+        hypothesis.assume(not any(k in ("workload.num_sessions", "workload.num_requests") and type(v) is int
+                                  and v > 200 for k, v in overrides))  # (valid and only long: not hostile)
+        argv = [*base, *SMALL]
+        for key, value in overrides:
+            argv += ["--set", f"{key}={toml_value(value)}"]
+        base_sets = tuple(a.split("=", 1)[0] for a in base[3:] if "=" in a)
+        _run_case(tmp_path, argv, names=tuple(k for k, _ in overrides) + ("--set",),
+                  sets=tuple(k for k, _ in overrides) + base_sets)
 
     case()
 

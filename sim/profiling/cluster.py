@@ -398,7 +398,7 @@ def place(spec: ClusterSpec, pools: Sequence[PoolShape]) -> Placement:
     if need > spec.total_gpus:
         raise ConfigError(f"placement: the deployment needs {need} GPUs ({what}) but the cluster has "
                           f"{spec.total_gpus} ({have}); allowed: at most {spec.total_gpus} GPUs, or "
-                          f"nodes >= {nodes_needed}")
+                          f"nodes >= {nodes_needed} (GPUs: each pool's instances x tp x pp)")
     if nodes_needed > spec.nodes:
         raise ConfigError(f"placement: the deployment's {need} GPUs ({what}) do not fit {have} with each TP group "
                           f"inside one node (groups that do not fill a node leave GPUs idle); allowed: "
