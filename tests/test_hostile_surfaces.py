@@ -444,3 +444,20 @@ def test_validate_refuses_a_backend_pipesim_does_not_model(tmp_path):
     code, _, err = invoke(["validate", "--bench-log", str(log), "--config", str(_fast_config(tmp_path)),
                            "--engine", "sglang"])
     assert code == 0, err
+
+
+def test_a_chunk_policy_on_vllm_v0_is_refused_naming_it(tmp_path):
+    code, _, err = invoke(["run", DEFAULT, *SMALL, "--set", "parallel.pp=1", "--engine", "vllm-v0", "--set",
+                           "scheduler.chunk_size_tokens=0", "--set", 'scheduler.chunk_policy={name="predictive"}',
+                           "--out", str(tmp_path / "o")])
+    line = one_line(err)
+    assert code == 2 and "chunk_policy 'predictive' with engine 'vllm-v0'" in line and "KV pool" not in line
+
+
+def test_a_missing_profile_is_named_not_a_meta_toml_inside_it(tmp_path):
+    missing = tmp_path / "nope"
+    code, _, err = invoke(["run", DEFAULT, *SMALL, "--set", f'latency.profile="{missing}"', "--out",
+                           str(tmp_path / "o")])
+    line = one_line(err)
+    assert code == 2 and f"profile {missing}: no such folder" in line and "meta.toml (" not in line
+    assert f"overriding {missing}/meta.toml" not in line

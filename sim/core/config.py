@@ -384,6 +384,13 @@ def check_engine_knobs(sc: "SchedulerConfig", where: str, section: str = "[sched
     """Refuse a knob of `sc` set away from its default that its (built-in) engine does not read."""
     if sc.engine not in ENGINES:
         return
+    if sc.engine == "vllm-v0" and sc.chunk_policy.name != "static":
+        # V0 runs with chunked prefill off (sim/engine/schedulers/vllm_v0.py): a prompt runs whole in
+        # one step, so a policy's chunk below a prompt left it waiting forever ("stuck ... cannot be
+        # admitted into a KV pool"), and any other chunk changes nothing
+        raise ConfigError(f"{where}: {section} chunk_policy {sc.chunk_policy.name!r} with engine 'vllm-v0': V0 runs "
+                          f"without chunked prefill, so there is no chunk to control; allowed: chunk_policy "
+                          f"'static', or an engine with chunked prefill (fastpp, sglang, vllm-v1)")
     defaults = {f.name: f.default for f in dataclasses.fields(SchedulerConfig)}
     for key, engines in ENGINE_KNOBS.items():
         value = getattr(sc, key)

@@ -200,6 +200,11 @@ META_SECTIONS = ("profile", "model", "lookup", "scaling", "overhead", "comm", "m
 def read_meta(folder: Path) -> dict:
     """A profile folder's meta.toml, read and checked (`validate_meta`): a one-line DataError naming it."""
     meta_path = Path(folder) / "meta.toml"
+    if not Path(folder).is_dir():  # (the folder is what was given: named, not a meta.toml inside it)
+        raise DataError(f"profile {folder}: no such folder (meta.toml missing); allowed: a profile folder "
+                        f"(ppsim list)")
+    if not meta_path.is_file():
+        raise DataError(f"profile {folder}: not a profile folder (meta.toml missing)")
     meta = read_toml(meta_path, DataError, "not a profile directory (meta.toml missing)")
     for section in META_SECTIONS:
         if section not in meta:
