@@ -461,3 +461,43 @@ def test_a_missing_profile_is_named_not_a_meta_toml_inside_it(tmp_path):
     line = one_line(err)
     assert code == 2 and f"profile {missing}: no such folder" in line and "meta.toml (" not in line
     assert f"overriding {missing}/meta.toml" not in line
+
+
+PLUGIN_ENGINE = '''
+from dataclasses import replace
+from sim.engine.schedulers import schedulers
+from sim.engine.schedulers.fastpp import FastPPEngine
+
+
+@schedulers.register("NAME")
+class Mine(FastPPEngine):
+    name = "NAME"
+
+    def settings(self, sc, hw):
+        return replace(super().settings(sc, hw), token_budget=BUDGET, engine="NAME")
+'''
+
+
+@pytest.mark.parametrize("budget, sets, needle", [
+    (-5, ["--set", "scheduler.mem_fraction=0.9"], "token_budget must be an integer in [1,"),
+    (512, [], "mem_fraction: engine 'mine512' has no default"),
+])
+def test_a_plugin_engines_settings_are_checked_not_a_crash(tmp_path, budget, sets, needle):
+    name = f"mine{abs(budget)}"  # (one name per case: the registry outlives a case in this process)
+    plugin = tmp_path / "mine.py"
+    plugin.write_text(PLUGIN_ENGINE.replace("BUDGET", str(budget)).replace("NAME", name))
+    code, _, err = invoke(["run", DEFAULT, *SMALL, *sets, "--plugin", str(plugin), "--engine", name,
+                           "--out", str(tmp_path / "o")])
+    line = one_line(err)
+    assert code == 2 and needle in line and "internal error" not in line
+    code, _, err = invoke(["run", DEFAULT, *SMALL, "--set", "scheduler.mem_fraction=0.9", "--plugin", str(plugin),
+                           "--engine", name, "--out", str(tmp_path / "o2")])
+    assert code == (2 if budget < 0 else 0), err
+
+
+def test_a_plugin_that_cannot_subclass_a_compiled_engine_is_told_of_pipesim_pure(tmp_path):
+    plugin = tmp_path / "sub.py"  # what mypyc raises when Python code subclasses a compiled class
+    plugin.write_text("raise TypeError('interpreted classes cannot inherit from compiled')\n")
+    code, _, err = invoke(["run", DEFAULT, *SMALL, "--plugin", str(plugin), "--out", str(tmp_path / "o")])
+    line = one_line(err)
+    assert code == 2 and "PIPESIM_PURE=1" in line and str(plugin) in line

@@ -146,6 +146,9 @@ def _guarded_import(origin: str, do_import) -> None:
         if isinstance(exc, SystemExit):
             raise PluginError(f"plug-in {origin}: called sys.exit({exc.code!r}) while being imported; "
                               f"rule: a plug-in registers policies and returns, it never exits") from None
+        if isinstance(exc, TypeError) and registry.COMPILED_HINT_WORDS in str(exc):
+            raise PluginError(f"plug-in {origin}: failed to import: TypeError: {first_line(exc)}; "
+                              f"{registry.COMPILED_HINT}") from None
         raise PluginError(f"plug-in {origin}: failed to import: {type(exc).__name__}: {first_line(exc)}; "
                           f"{RULE_LOAD}") from exc
 

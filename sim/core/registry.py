@@ -42,6 +42,13 @@ def origin_of(factory: Callable) -> str:
     return BUILT_IN if module == "sim" or module.startswith("sim.") else f"module {module}"
 
 
+# mypyc's TypeError when Python code subclasses a compiled class (sim/native.py): a plug-in that
+# extends a built-in engine's scheduler runs on the Python sources
+COMPILED_HINT_WORDS = "compiled"
+COMPILED_HINT = ("PipeSim's engine is compiled here (make native), and a compiled class cannot be subclassed by "
+                 "a plug-in; run with PIPESIM_PURE=1 to use the Python sources, which can")
+
+
 class Registry(Generic[T]):
     """Maps a string name to a factory; `build(name, **params)` makes the plug-in.
 
@@ -102,6 +109,8 @@ class Registry(Generic[T]):
             obj = factory(**params)
         except TypeError as exc:
             loc = f"{where}: " if where else ""
+            if origin != BUILT_IN and COMPILED_HINT_WORDS in str(exc):
+                raise PluginError(f"{self.kind} {name!r} ({origin}): {first_line(exc)}; {COMPILED_HINT}") from None
             raise ConfigError(f"{loc}bad parameters for {self.kind} {name!r}: {exc}") from None
         except SystemExit as exc:
             raise PluginError(f"{self.kind} {name!r} ({origin}) called sys.exit({exc.code!r}) when built; "

@@ -94,6 +94,19 @@ def hardware(cfg: RunConfig, latency) -> Hardware:
     return Hardware(gpu_spec=spec, gpu_mem_gib=float(mem or 0.0), tp=cfg.parallel.tp, pp=cfg.parallel.pp)
 
 
+def check_settings(settings: EngineSettings, name: str) -> None:
+    """An engine's resolved settings within the ranges the pipeline needs (a plug-in engine's
+    `settings` may return anything): a one-line PluginError naming the engine, not a crash later."""
+    from sim.core.checks import number
+    from sim.core.errors import PluginError
+    from sim.engine.schedulers import schedulers
+
+    origin = schedulers.origin(name) if name in schedulers.names() else "?"
+    where = f"engine {name!r} ({origin}): its settings()"
+    number(settings.token_budget, where, "token_budget", 1, 1 << 40, integer=True, error=PluginError)
+    number(settings.max_running, where, "max_running", 0, 1 << 24, integer=True, error=PluginError)
+
+
 # The smallest KV pool that holds a request: max_req_len = pool - 1, a prompt of max_req_len - 5 >= 1.
 MIN_POOL_TOKENS = 7
 
@@ -109,6 +122,10 @@ def pool_sizes(cfg: RunConfig, latency, eng=None, settings: EngineSettings | Non
     if frac is None and eng is not None and hasattr(eng, "mem_fraction"):
         frac = eng.mem_fraction(settings, hw)
     if kv == 0:
+        if frac is None and hasattr(latency, "kv_capacity_tokens"):
+            # (a plug-in engine without a default share of memory: the config must say it)
+            raise ConfigError(f"config [scheduler] mem_fraction: engine {sc.engine!r} has no default (it has no "
+                              f"mem_fraction(settings, hw) method); allowed: mem_fraction in (0, 1], or kv_tokens")
         if not hasattr(latency, "kv_capacity_tokens") or latency.kv_capacity_tokens(frac) is None:
             raise ConfigError("config [scheduler] kv_tokens must be set when the latency model has no memory model")
         reduce = getattr(eng, "kv_reduce", "mean")  # FastPP: the mean of ranks 0 and 1; others: the min
@@ -186,6 +203,7 @@ def run(cfg: RunConfig, requests: list[RequestSpec] | RequestArrays | None = Non
     eng = engine_for(sc.engine)
     hw = hardware(cfg, latency)
     settings = eng.settings(sc, hw)
+    check_settings(settings, sc.engine)
     if sc.rebalancer is not None and sc.engine != "fastpp":
         raise ConfigError(f"config [scheduler.rebalancer]: a rebalancer moves requests between FastPP's micro-batch "
                           f"slots; engine {sc.engine!r} has none; allowed: engine = 'fastpp', or no rebalancer")
