@@ -501,3 +501,11 @@ def test_a_plugin_that_cannot_subclass_a_compiled_engine_is_told_of_pipesim_pure
     code, _, err = invoke(["run", DEFAULT, *SMALL, "--plugin", str(plugin), "--out", str(tmp_path / "o")])
     line = one_line(err)
     assert code == 2 and "PIPESIM_PURE=1" in line and str(plugin) in line
+
+
+def test_gate_switched_to_a_conversation_workload_runs_and_says_what_it_left(tmp_path):
+    code, _, err = invoke(["gate", DEFAULT, "--baseline", "engine:fastpp", "--candidate", "engine:sglang",
+                           "--metric", "attainment", "--workload", "chat-sessions", "--seeds", "1", "--set",
+                           'workload.rate_rps=4.0', "--no-progress", "--out", str(tmp_path / "g")])
+    assert code in (0, 1), err
+    assert "--workload chat-sessions: a conversation workload" in err and "num_requests" in err

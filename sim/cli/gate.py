@@ -159,7 +159,21 @@ def workload_tables(base: dict, names: list[str]) -> list[tuple[str, dict]]:
     if not names:
         return [(str(wl.get("name", wl.get("kind", "workload"))), copy.deepcopy(wl))]
     keep = {k: wl[k] for k in ("rate_rps", "num_requests") if k in wl}
-    return [(n, {"name": n, **keep}) for n in names]
+    from sim.workloads import load_workload_file
+
+    out = []
+    for n in names:
+        if load_workload_file(n).get("kind") == "conversation" and keep:
+            # a conversation workload counts sessions, not requests (num_sessions, rate_rps in sessions/s):
+            # the config's request count and rate mean something else there, so its own are used
+            from sim.cli.common import warn
+
+            warn(f"--workload {n}: a conversation workload; the config's {', '.join(sorted(keep))} (requests) "
+                 f"are not carried over, its own num_sessions and rate_rps (sessions/s) are used")
+            out.append((n, {"name": n}))
+        else:
+            out.append((n, {"name": n, **keep}))
+    return out
 
 
 def run_gate(args) -> dict:
