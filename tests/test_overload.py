@@ -62,8 +62,30 @@ def test_saturation_hand_case():
     # 6, 8, 10, 12 -> 4 / (12 - 4) = 0.5 req/s.
     waiting = [0, 1, 2, 3, 4, 5, 6, 7, 8, 3, 2, 1, 0, 0, 0]
     req, it = _frames(waiting, [4.0, 6.0, 8.0, 10.0, 12.0, 14.0, 16.0, 18.0, 20.0, 22.0])
+    # The measured span: warm-up = median e2e of the first quarter's arrivals (0, 1, 2 -> 4, 5, 6 s) = 5 s,
+    # so t_m = max(0 + 9/2, 0 + 5) = 5; in (5, 9]: arrivals 6, 7, 8, 9 (1.0 req/s), completions 6, 8 (0.5 req/s).
     assert saturation(req, it, end_s=22.0) == {"saturated": True, "saturated_since_s": 1.0,
-                                               "saturated_until_s": 12.0, "sustained_throughput_rps": 0.5}
+                                               "saturated_until_s": 12.0, "sustained_throughput_rps": 0.5,
+                                               "offered_rate_rps": 1.0, "completion_rate_rps": 0.5}
+
+
+def test_a_backlog_in_the_running_set_is_saturation_without_a_queue():
+    # 100 arrivals at t = 0..99 (1 req/s), served at 0.5 req/s without ever queueing (a vLLM V1
+    # batch that admits everything): finish_i = 2 i + 1. Warm-up: median e2e of arrivals <= 24.75
+    # (i = 0..24: e2e = i + 1) = 13 s; t_m = max(49.5, 13) = 49.5; in (49.5, 99]: 50 arrivals, completions
+    # 2i + 1 in (49.5, 99] -> i = 25..49: 25. Backlog 25 > max(5, 3 sqrt(50) = 21.2): saturated.
+    arrival = [float(i) for i in range(100)]
+    req = pd.DataFrame({"arrival_s": arrival, "finish_s": [2.0 * i + 1 for i in range(100)]})
+    it = pd.DataFrame({"start_s": arrival, "end_s": [a + 1 for a in arrival], "num_waiting": 0, "replica": 0})
+    s = saturation(req, it, end_s=200.0)
+    assert s["saturated"] is True and s["saturated_since_s"] == 49.5
+    assert s["offered_rate_rps"] == pytest.approx(50 / 49.5) and s["completion_rate_rps"] == pytest.approx(25 / 49.5)
+    assert s["sustained_throughput_rps"] == s["completion_rate_rps"]
+    # served at the arrival rate (finish_i = i + 3; in (49.5, 99]: i = 47..96): not saturated
+    req["finish_s"] = [i + 3.0 for i in range(100)]
+    s = saturation(req, it, end_s=200.0)
+    assert s["saturated"] is False and s["sustained_throughput_rps"] is None
+    assert s["offered_rate_rps"] == pytest.approx(50 / 49.5) and s["completion_rate_rps"] == pytest.approx(50 / 49.5)
 
 
 def test_a_queue_that_empties_late_in_the_load_is_not_saturated():
@@ -164,3 +186,20 @@ def test_stage_layers_rule():
     assert stage_layers(4, 3) == [1, 1, 2]
     with pytest.raises(ConfigError, match=r"pp = 65 does not fit a model of 64 layers; allowed: 1\.\.64"):
         stage_layers(64, 65)
+
+
+@pytest.mark.parametrize("rate,saturated", [(3.0, False), (30.0, True)])
+def test_a_disaggregated_run_reports_its_completion_rate_and_saturation(tmp_path, rate, saturated):
+    # 1 prefill + 1 decode TP4 instance of Llama-3.1-70B on H100 serve about 8 req/s of this load; on main
+    # both runs said saturated false (a disaggregated run has no one queue to watch)
+    out = tmp_path / "r"
+    assert main(["run", str(REPO / "experiments/configs/disagg_70b.toml"), "--set", f"workload.rate_rps={rate}",
+                 "--out", str(out)]) == 0
+    s = json.loads((out / "summary.json").read_text())
+    assert s["saturated"] is saturated
+    assert s["offered_rate_rps"] == pytest.approx(rate, rel=0.15)
+    if saturated:
+        assert s["completion_rate_rps"] < 0.5 * s["offered_rate_rps"]
+        assert s["sustained_throughput_rps"] == s["completion_rate_rps"]
+    else:
+        assert s["completion_rate_rps"] == pytest.approx(s["offered_rate_rps"], rel=0.1)

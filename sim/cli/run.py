@@ -30,7 +30,8 @@ SUMMARY_KEYS = (
     "p90_tpot_ms", "p99_tpot_ms", "p90_e2e_ms", "p50_itl_ms", "p99_itl_ms", "slo_attainment", "meets_p90_slo",
     "throughput_rps", "throughput_drain_rps",
     "p50_iter_ms", "p90_iter_ms", "p99_iter_ms", "bubble_fraction", "kv_capacity_tokens", "kv_peak_tokens",
-    "num_retractions", "duration_s", "saturated", "sustained_throughput_rps",
+    "num_retractions", "duration_s", "offered_rate_rps", "completion_rate_rps", "saturated",
+    "sustained_throughput_rps",
 )
 
 

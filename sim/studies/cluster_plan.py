@@ -60,7 +60,7 @@ from sim.latency.profiled import Profile, kv_capacity_tokens
 from sim.studies.plan import (COST_AT_RATE_ESTIMATED, CONTEXT_TOKENS, MEM_FRACTION, POLICIES, at_rate_row,
                               cost_at_goodput, cost_per_million, deployment_table, goodputs_above, nodes_used,
                               resolve_profile, throughput_bound_rps, weights_reason, _short)
-from sim.studies.sweep import Runner
+from sim.studies.sweep import Runner, SustainedSLO, sustained
 
 np = lazy("numpy")
 pd = lazy("pandas")
@@ -280,7 +280,7 @@ class ClusterPlan:
     def run(self, shapes: list[Shape]) -> list[dict]:
         R, N, slo = self.rate, self.N, self.slo
         seed = self.seeds[0]
-        ttft_only = SLO(ttft_ms=slo.ttft_ms, ttft_percentile=slo.ttft_percentile, tpot_ms=RELAXED_MS,
+        ttft_only = SustainedSLO(ttft_ms=slo.ttft_ms, ttft_percentile=slo.ttft_percentile, tpot_ms=RELAXED_MS,
                         tpot_percentile=slo.tpot_percentile)
         searches: list[tuple[str, tuple, CountSearch]] = []
         # co-located replicas
@@ -583,7 +583,7 @@ def run_cluster_plan(args) -> tuple[pd.DataFrame, dict]:
     from sim.profiling.cluster import load_network
     from sim.studies.plan import family_dir, parse_prices, plan_load
 
-    slo = slo_from_specs(args.slo, SLO(ttft_ms=args.slo_ttft_ms, tpot_ms=args.slo_tpot_ms))
+    slo = sustained(slo_from_specs(args.slo, SLO(ttft_ms=args.slo_ttft_ms, tpot_ms=args.slo_tpot_ms)))
     slo.validate("plan --slo")
     if args.rate is None:
         raise ConfigError("--max-gpus answers the fewest GPUs that serve a load: give --rate R (req/s)")

@@ -67,7 +67,8 @@ from sim.core.config import REPO_ROOT  # noqa: E402
 from sim.core.errors import ConfigError  # noqa: E402
 from sim.latency.profiled import Profile, ProfiledLatencyModel, kv_capacity_tokens  # noqa: E402
 from sim.core.slo import SLO, slo_from_specs  # noqa: E402
-from sim.studies.sweep import Runner, Search, goodput_searches, mean_ci, meets_slo, with_rate  # noqa: E402
+from sim.studies.sweep import (Runner, Search, goodput_searches, mean_ci, meets_slo, sustained,  # noqa: E402
+                               with_rate)
 from sim.studies.verdict import family, rank, verdict  # noqa: E402
 from sim.workloads import build_workload_said, resolve_workload  # noqa: E402
 
@@ -87,6 +88,12 @@ GOODPUT_REPLICATE = 0.7  # goodput mode: more seeds for candidates within 70% of
 STOP_FACTOR = 2.0  # rate mode: a run stops once a percentile certainly exceeds 2x its threshold
 CONTEXT_TOKENS = 16384
 MEM_FRACTION = 0.9
+# Every probe's Poisson arrivals span at least this long (more requests at a higher rate), so that a rate is
+# held, not absorbed as a burst: 1,000 requests at 185 req/s span 5 s, which a 4-node deployment absorbed
+# while serving 63 req/s (issue 39). With the late-arrival check (sim.core.slo.SLO.meets) and the saturation
+# check (sim.studies.sweep.SustainedSLO) a rate counts only where it is sustained. --quick: QUICK_WINDOW_S.
+PROBE_MIN_WINDOW_S = 60.0
+QUICK_WINDOW_S = 30.0
 
 
 # -- candidates ---------------------------------------------------------------------------
@@ -264,6 +271,11 @@ def _mean_rate(reqs) -> float:
     return (len(t) - 1) / (t[-1] - t[0]) if len(t) > 1 and t[-1] > t[0] else math.nan
 
 
+def probe_window_s(args) -> float:
+    """The shortest arrival window of a probe (`PROBE_MIN_WINDOW_S`, `QUICK_WINDOW_S` with --quick)."""
+    return QUICK_WINDOW_S if getattr(args, "quick", False) else PROBE_MIN_WINDOW_S
+
+
 def plan_load(args, overrides: dict) -> PlanLoad:
     if args.trace:
         path = Path(args.trace)
@@ -280,6 +292,9 @@ def plan_load(args, overrides: dict) -> PlanLoad:
         raise ConfigError(f"--rate must be > 0 req/s, got {args.rate}")
     if not timestamped and args.rate is not None:
         table["rate_rps"] = float(args.rate)
+        n = int(table.get("num_requests", merged.get("num_requests", 0)) or 0)
+        if n > 0 and "num_sessions" not in merged:  # (a conversation workload's size is its sessions)
+            table["num_requests"] = max(n, math.ceil(float(args.rate) * probe_window_s(args) - 1e-9))
     # built once, here: what its reader changed (the candidates' runs build it silently, in workers) and its
     # token counts; a timestamp_speedup set below scales the arrival times only, not the requests
     reqs, said = build_workload_said(table, seed=1)
@@ -492,7 +507,7 @@ def run_plan(args) -> tuple[pd.DataFrame, dict]:
         args.gpus = 4
     if not (args.slo_ttft_ms > 0 and args.slo_tpot_ms > 0):
         raise ConfigError("--slo-ttft-ms, --slo-tpot-ms and --gpus must be positive")
-    slo = slo_from_specs(args.slo, SLO(ttft_ms=args.slo_ttft_ms, tpot_ms=args.slo_tpot_ms))
+    slo = sustained(slo_from_specs(args.slo, SLO(ttft_ms=args.slo_ttft_ms, tpot_ms=args.slo_tpot_ms)))
     slo.validate("plan --slo")
     if args.gpus < 1 or args.seeds < 1:
         raise ConfigError("--gpus and --seeds must be >= 1")
@@ -658,7 +673,9 @@ def _plan_goodput(runner, cands, load, slo, seeds, price, args) -> list[dict]:
         table = deployment_table(load.table, c["profile"], c["replicas"], c["tp"], c["pp"], router, policy, slo,
                                  seed, stop_early=stop, engine=c.get("engine", "fastpp"), cluster=_cluster_of(c))
         rates = [r for r in RATES if r < c["throughput_bound_rps"]] + [round(c["throughput_bound_rps"], 4)]
-        return Search({"policy": policy, "seed": seed}, table, sorted(set(rates)), slo=slo)
+        found = Search({"policy": policy, "seed": seed}, table, sorted(set(rates)), slo=slo)
+        found.min_window_s = max(found.window_s, probe_window_s(args))  # held, not a burst (PROBE_MIN_WINDOW_S)
+        return found
 
     screens = [search(c, "static-512" if c["pp"] > 1 else "static-2048", seeds[0]) for c in cands]
     found = goodput_searches(runner, screens, tol=0.5, desc="plan: screen", full_sweep=False)

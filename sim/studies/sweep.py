@@ -49,6 +49,7 @@ sstats = lazy("scipy.stats")  # imported on first use (sim/core/lazy.py)
 from sim.core.errors import ConfigError, PipeSimError
 from sim.outputs.metrics import meets_slo  # noqa: F401  (re-exported: the goodput criterion)
 from sim.core.slo import SLO
+from dataclasses import fields
 
 # A hinted search's first step away from its hint (req/s; `_gallop`). It moves no result on a
 # monotone outcome, only the number of runs: of 0.1, 0.2, 0.4 and 0.6, 0.4 took the fewest in a
@@ -73,12 +74,38 @@ SUMMARY_FIELDS = (
     "kv_capacity_tokens", "num_retractions", "duration_s", "num_iterations", "num_chunk_decisions",
     "num_rebalancer_moves", "bubble_ms_per_iter", "total_bubble_s", "prefill_tokens_per_s", "output_tokens_per_s",
     "slo_ttft_ms", "slo_tpot_ms", "slo_e2e_ms", "slo", "meets_slo", "num_late_requests", "saturated",
-    "sustained_throughput_rps",
+    "sustained_throughput_rps", "offered_rate_rps", "completion_rate_rps",
     # multi-node and disaggregated runs (sim/outputs/cluster.py; absent: None)
     "mode", "gpus", "nodes_used", "mean_kv_transfer_ms", "p99_kv_transfer_ms", "kv_link_utilisation_max",
 )
 # Percentiles an SLO names besides P50/P90/P99 (e.g. p95_ttft_ms) travel with the summary too.
 PERCENTILE_KEY = re.compile(r"^(late_)?p[0-9.]+_(ttft|tpot|e2e)_ms$")
+
+
+@dataclass(frozen=True)
+class SustainedSLO(SLO):
+    """An SLO whose goodput criterion also asks that the run be not saturated: completions kept up with
+    arrivals (`saturated` in its summary, the one definition of sim/outputs/saturation.py), so a rate
+    counts only where it is sustained, not absorbed as a burst (`ppsim plan`). Its thresholds, percentiles
+    and runs are its SLO's (same tables, same cache keys); only the verdict on a summary adds the check."""
+
+    def meets(self, summary: dict) -> bool:
+        return super().meets(summary) and not summary.get("saturated")
+
+    def margin(self, summary: dict) -> float:
+        """The SLO's margin; for a saturated run at most the completion shortfall, completion / offered - 1
+        (negative: it fails)."""
+        m = super().margin(summary)
+        if not summary.get("saturated"):
+            return m
+        offered, done = summary.get("offered_rate_rps"), summary.get("completion_rate_rps")
+        short = done / offered - 1.0 if offered and done is not None else -1.0
+        return min(m, short) if m == m else short
+
+
+def sustained(slo: SLO) -> SustainedSLO:
+    """`slo` with the sustained criterion (`SustainedSLO`)."""
+    return slo if isinstance(slo, SustainedSLO) else SustainedSLO(**{f.name: getattr(slo, f.name) for f in fields(slo)})
 
 
 def point_id(table: dict) -> str:
