@@ -41,11 +41,11 @@ def test_count_search_finds_the_smallest_passing_count():
 
 
 def _r(name, gpus, cost, margin, lo, hi, mode="colocated", status="ok", meets=True):
-    return {"deployment": name, "gpus": gpus, "cost_per_million_requests": cost, "margin": margin,
+    return {"deployment": name, "gpus": gpus, "cost_per_hour": cost, "margin": margin,
             "margin_ci_lo": lo, "margin_ci_hi": hi, "mode": mode, "status": status, "meets_slo": meets, "nodes": 1}
 
 
-def test_ranking_fewest_gpus_then_cost_then_margin():
+def test_ranking_fewest_gpus_then_cost_per_hour_then_margin():
     df = pd.DataFrame([
         _r("A 16 GPUs", 16, 100.0, 0.6, 0.5, 0.7),
         _r("B 8 GPUs dear", 8, 300.0, 0.3, 0.2, 0.4),
@@ -81,7 +81,8 @@ def test_cluster_plan_lists_both_modes_and_multi_node_candidates(small_plan):
     assert code == 0
     df = pd.read_csv(out / "plan.csv")
     for col in ("gpus", "nodes", "mode", "status", "reason", "margin", "margin_ci_lo", "margin_ci_hi",
-                "goodput_rps", "cost_per_million_requests", "rank", "tied_with_best"):
+                "goodput_rps", "cost_per_hour", "cost_per_million_at_rate", "cost_per_million_at_goodput", "rank",
+                "tied_with_best"):
         assert col in df.columns, col
     cands = df[df["status"].isin(["ok", "estimated"])]
     assert {"colocated", "disaggregated"} <= set(cands["mode"])
@@ -92,10 +93,13 @@ def test_cluster_plan_lists_both_modes_and_multi_node_candidates(small_plan):
     assert best["status"] == "ok" and best["meets_slo"] and best["num_seeds"] == 2
     ok = df[(df["status"] == "ok") & (df["meets_slo"] == True)]  # noqa: E712
     assert best["gpus"] == ok["gpus"].min()
-    # cost per million at each confirmed candidate's own goodput: $3/GPU-hour x GPUs / goodput
+    # one basis per column: $3/GPU-hour x GPUs; at 8 req/s; at each confirmed candidate's own goodput
     for r in ok.itertuples():
-        at = r.goodput_rps if r.goodput_rps == r.goodput_rps else 8.0
-        assert r.cost_per_million_requests == pytest.approx(cost_per_million(3.0, r.gpus, at), rel=1e-5)  # %.6g
+        assert r.cost_per_hour == pytest.approx(3.0 * r.gpus)
+        assert r.cost_per_million_at_rate == pytest.approx(cost_per_million(3.0, r.gpus, 8.0), rel=1e-5)  # %.6g
+        if r.goodput_rps == r.goodput_rps:
+            assert r.cost_per_million_at_goodput == pytest.approx(cost_per_million(3.0, r.gpus, r.goodput_rps), rel=1e-5)
+    assert "ranking: fewest GPUs meeting the SLOs on every seed" in (out / "plan.txt").read_text()
     # what was pruned, and why, is printed and kept
     pruned = df[df["status"] == "pruned"]
     assert (pruned["reason"].str.len() > 0).all()
@@ -140,11 +144,11 @@ def test_max_gpus_16_lists_both_modes_and_multi_node_candidates(tmp_path):
     assert {"colocated", "disaggregated"} <= set(df.loc[df["status"] == "ok", "mode"])   # both simulated in full
     assert (cands["nodes"] > 1).any() and (df.loc[df["status"] == "ok", "nodes"] > 1).any()
     assert cands["gpus"].max() <= 16 and set(cands["nodes"]) <= {1, 2}
-    # the best is a full simulation meeting the SLOs on both seeds; its cost is at its goodput
+    # the best is a full simulation meeting the SLOs on both seeds, with a cost at its goodput
     best = df[df["rank"] == 1].iloc[0]
-    assert best["status"] == "ok" and best["meets_slo"] and best["cost_basis"] == "goodput"
+    assert best["status"] == "ok" and best["meets_slo"] and best["cost_per_million_at_goodput"] > 0
     assert best["goodput_rps"] >= 6
-    assert set(df.loc[df["status"] == "estimated", "cost_basis"]) == {"rate: screen estimate, not simulated in full"}
+    assert df.loc[df["status"] == "estimated", "cost_per_million_at_goodput"].isna().all()
     assert "best by mode and node count:" in text and "disaggregated, 2 nodes:" in text
 
 

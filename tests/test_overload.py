@@ -203,3 +203,14 @@ def test_a_disaggregated_run_reports_its_completion_rate_and_saturation(tmp_path
         assert s["sustained_throughput_rps"] == s["completion_rate_rps"]
     else:
         assert s["completion_rate_rps"] == pytest.approx(s["offered_rate_rps"], rel=0.1)
+
+
+def test_a_context_length_beyond_the_models_is_refused(tmp_path, capsys):
+    # issue 40 item 3: 50,000-token prompts ran on Qwen2.5-32B (32,768) with context_length_tokens = 65536
+    code = main(["run", str(REPO / "experiments/configs/default.toml"), "--set", "scheduler.context_length_tokens=65536",
+                 "--set", "workload.num_requests=10", "--out", str(tmp_path / "r")])
+    err = capsys.readouterr().err
+    assert code == 2 and len(err.strip().splitlines()) == 1
+    assert "context_length_tokens = 65536 exceeds the model's context length 32768" in err and "allowed: <= 32768" in err
+    assert main(["run", str(REPO / "experiments/configs/default.toml"), "--set", "scheduler.context_length_tokens=32768",
+                 "--set", "workload.num_requests=10", "--out", str(tmp_path / "ok")]) == 0

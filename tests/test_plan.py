@@ -49,7 +49,9 @@ def test_throughput_bound_is_never_beaten_by_the_simulator():
     s = summarize(run(config_from_table(table)))
     tokens = (300 + 30)  # the ranges' means
     bound = throughput_bound_rps("profiles/a100-pcie-40gb/qwen2.5-14b/tp1", 2, 1, tokens)
-    assert s["throughput_rps"] < bound
+    # what it serves: completions over the run (the drain included) and while saturated, not finished /
+    # arrival window (187 req/s: the offered rate of a run that drains)
+    assert s["saturated"] and s["sustained_throughput_rps"] < bound and s["throughput_drain_rps"] < bound
     # by hand: the busiest stage's layers x the cheapest per-token layer time x tokens
     prof = Profile.load(PCIE / "qwen2.5-14b" / "tp1")
     lat = ProfiledLatencyModel(prof, 2)
@@ -83,7 +85,7 @@ def test_interconnect_comparison_is_like_for_like(tmp_path):
 def _gp(name, fam, g, lo, hi, gpus=4, cost=None, status="ok"):
     return {"deployment": name, "family": fam, "status": status, "goodput_rps": g, "goodput_ci_lo": lo,
             "goodput_ci_hi": hi, "gpus": gpus,
-            "cost_per_million_requests": cost if cost is not None else (1e3 / g if g > 0 else math.nan)}
+            "cost_per_million_at_goodput": cost if cost is not None else (1e3 / g if g > 0 else math.nan)}
 
 
 def test_ties_are_broken_by_cost_then_fewer_gpus():
@@ -119,34 +121,38 @@ def test_verdict_names_replication_when_replication_wins():
     assert "None qualifies" in verdict(rank(none, "goodput"), "goodput", "s")
 
 
-def _rt(name, fam, margin, lo, hi, meets=True, cost=100.0, gpus=4):
+def _rt(name, fam, margin, lo, hi, meets=True, per_hour=8.0, gpus=4):
     return {"deployment": name, "family": fam, "status": "ok", "meets_slo": meets, "margin": margin,
-            "margin_ci_lo": lo, "margin_ci_hi": hi, "cost_per_million_requests": cost, "gpus": gpus}
+            "margin_ci_lo": lo, "margin_ci_hi": hi, "cost_per_hour": per_hour, "gpus": gpus,
+            "cost_per_million_at_rate": per_hour / 3600 / 6.0 * 1e6}
 
 
-def test_rate_mode_ranks_by_cost_then_margin():
+def test_rate_mode_ranks_by_gpus_then_cost_per_hour_then_margin():
     df = pd.DataFrame([
-        _rt("nv: TP4xPP1", "TP", 0.6, 0.5, 0.7, cost=150.0),
+        _rt("nv: TP4xPP1", "TP", 0.6, 0.5, 0.7, per_hour=12.0),
         _rt("pcie: TP1xPP4", "PP", 0.3, 0.25, 0.35),
         _rt("pcie: TP2xPP2", "hybrid TPxPP", 0.1, 0.05, 0.15),
         _rt("pcie: 2x(TP2xPP1)", "replication", -0.2, -0.3, -0.1, meets=False),
+        _rt("pcie: 8 GPUs", "TP", 0.9, 0.85, 0.95, gpus=8, per_hour=4.0),  # more GPUs: last, whatever the rest
     ])
     r = rank(df, "rate")
-    assert list(r["deployment"]) == ["pcie: TP1xPP4", "pcie: TP2xPP2", "nv: TP4xPP1", "pcie: 2x(TP2xPP1)"]
-    assert math.isnan(r["rank"].iloc[3]) and not r["tied_with_best"].iloc[1]
-    text = verdict(r, "rate", "P99 TTFT <= 2000 ms", 6.0)
-    assert text.startswith("At 6 req/s with P99 TTFT <= 2000 ms, 3 of 4 simulated deployments meet the SLOs")
+    assert list(r["deployment"]) == ["pcie: TP1xPP4", "pcie: TP2xPP2", "nv: TP4xPP1", "pcie: 8 GPUs",
+                                     "pcie: 2x(TP2xPP1)"]
+    assert math.isnan(r["rank"].iloc[4]) and not r["tied_with_best"].iloc[1]
+    text = verdict(r, "rate", "P99 TTFT <= 2000 ms", 6.0, "$")
+    assert text.startswith("At 6 req/s with P99 TTFT <= 2000 ms, 4 of 5 simulated deployments meet the SLOs")
     assert "PP wins: 20.0 points more margin than the best hybrid TPxPP deployment" in text
+    # $8 per hour serving 6 req/s = 21,600 requests per hour: $370.37 per million
+    assert "$370.37 per million requests at the rate" in text
 
 
-def test_without_a_price_gpu_hours_are_the_cost():
-    df = pd.DataFrame([
-        {**_rt("8 GPUs", "PP", 0.5, 0.45, 0.55, cost=math.nan, gpus=8), "gpu_hours_per_million_requests": 400.0},
-        {**_rt("4 GPUs", "TP", 0.2, 0.15, 0.25, cost=math.nan, gpus=4), "gpu_hours_per_million_requests": 200.0},
-    ])
+def test_a_plan_with_nothing_simulated_ranks_and_says_so():
+    # every candidate pruned or dropped: no meets_slo, margin or cost column at all (KeyError 'meets_slo' before)
+    df = pd.DataFrame([{"deployment": "a", "family": "TP", "status": "pruned", "reason": "overloaded", "gpus": 4}])
     r = rank(df, "rate")
-    assert list(r["deployment"]) == ["4 GPUs", "8 GPUs"]
-    assert "200 GPU-hours per million requests" in verdict(r, "rate", "s", 5.0)
+    assert r["rank"].isna().all()
+    assert "None qualifies" in verdict(r, "rate", "s", 5.0)
+    assert "None qualifies" in verdict(rank(df, "goodput"), "goodput", "s")
 
 
 def test_cost_per_million_by_hand():
@@ -165,7 +171,7 @@ def test_plan_at_a_rate_writes_every_candidate_with_its_numbers(tmp_path, capsys
     assert code == 0
     df = pd.read_csv(out / "plan.csv")
     for col in ("p99_ttft_ms", "p90_tpot_ms", "mean_e2e_ms", "p50_tpot_ms", "slo_attainment", "kv_headroom",
-                "cost_per_million_requests", "meets_slo", "margin", "rank", "tied_with_best", "warnings", "num_seeds",
+                "cost_per_hour", "cost_per_million_at_rate", "cost_per_million_at_goodput", "meets_slo", "margin", "rank", "tied_with_best", "warnings", "num_seeds",
                 "gpus", "nodes", "mode"):
         assert col in df.columns, col
     sim = df[df["status"] == "ok"]
@@ -174,15 +180,18 @@ def test_plan_at_a_rate_writes_every_candidate_with_its_numbers(tmp_path, capsys
     ranked = sim[sim["rank"].notna()]
     assert ranked["meets_slo"].all() and (ranked["p99_ttft_ms"] <= 3000).all()
     assert (ranked["p90_tpot_ms"] <= 150).all()
-    # cost per million requests at each one's own goodput (first seed, searched from 1.5 req/s upward), not
-    # at the rate, where it would be 2 GPUs x $2 / 3600 / 1.5 x 1e6 = $740.74 for every row
-    assert (ranked["cost_basis"] == "goodput").all() and (ranked["goodput_rps"] >= 1.5).all()
+    # one basis per column: per hour 2 GPUs x $2; at the rate 4 $/h / (1.5 x 3600) x 1e6 = $740.74 for every row;
+    # at each one's own goodput (first seed, searched from 1.5 req/s upward) 4 $/h / (goodput x 3600) x 1e6
+    assert (sim["cost_per_hour"] == 4.0).all()
+    assert sim["cost_per_million_at_rate"].to_numpy() == pytest.approx(4.0 / (1.5 * 3600) * 1e6, rel=1e-5)
+    assert (ranked["goodput_rps"] >= 1.5).all()
     for r in ranked.itertuples():
-        assert r.cost_per_million_requests == pytest.approx(2.0 * 2 / 3600 / r.goodput_rps * 1e6, rel=1e-5)
-    assert ranked["cost_per_million_requests"].nunique() > 1
-    assert list(ranked["cost_per_million_requests"]) == sorted(ranked["cost_per_million_requests"])
+        assert r.cost_per_million_at_goodput == pytest.approx(2.0 * 2 / 3600 / r.goodput_rps * 1e6, rel=1e-5)
     misses = sim[~sim["meets_slo"].astype(bool)]
-    assert (misses["cost_basis"].str.startswith("rate: misses")).all()
+    assert misses["cost_per_million_at_goodput"].isna().all()
+    txt = (out / "plan.txt").read_text()
+    assert "ranking: among those meeting the SLOs on every seed (sustained: not saturated), fewest GPUs" in txt
+    assert "cost_per_million_at_rate = serving the demanded rate" in txt and "in $." in txt
     doc = json.loads((tmp_path / "j.json").read_text())
     assert doc["mode"] == "rate" and doc["slo"] == "P99 TTFT <= 3000 ms and P90 TPOT <= 150 ms"
     assert len(doc["candidates"]) == len(df) and doc["verdict"] in text
@@ -203,7 +212,7 @@ def test_plan_goodput_mode(tmp_path, capsys, seeds):
     assert (sim["goodput_ci_lo"] <= sim["goodput_rps"] + 1e-9).all() and (sim["num_seeds"] <= seeds).all()
     top = sim[sim["rank"] == 1].iloc[0]
     assert top["num_seeds"] == seeds  # the best is always replicated
-    assert top["cost_per_million_requests"] == pytest.approx(2.0 * 2 / 3600 / top["goodput_rps"] * 1e6, rel=1e-5)
+    assert top["cost_per_million_at_goodput"] == pytest.approx(2.0 * 2 / 3600 / top["goodput_rps"] * 1e6, rel=1e-5)
     assert "0% lower" not in text and "Best:" in text
 
 
@@ -217,12 +226,14 @@ def test_plan_replays_a_trace_at_its_timestamps(tmp_path, capsys):
                  "--no-progress", "--out", str(tmp_path / "o")])
     text = capsys.readouterr().out
     assert code == 0 and "30 requests replayed at their timestamps (mean 0.5 req/s)" in text
+    assert f"# workload:     trace {trace}" in text   # not the --workload default (azure-conv-synth)
     doc = json.loads((tmp_path / "o" / "plan.json").read_text())
     assert doc["mode"] == "rate" and doc["rate_rps"] == pytest.approx(0.5)
-    # no rate to raise: cost at the trace's own rate, and the CSV says so
+    # no rate to raise: cost at the trace's own rate, none at a goodput
     df = pd.read_csv(tmp_path / "o" / "plan.csv")
-    assert (df.loc[df["status"] == "ok", "cost_basis"] == "rate: a trace replayed at its timestamps "
-                                                          "(no rate to raise)").all()
+    ok = df[df["status"] == "ok"]
+    assert ok["cost_per_million_at_rate"].to_numpy() == pytest.approx(2 / 3600 / 0.5 * 1e6, rel=1e-4)
+    assert ok["cost_per_million_at_goodput"].isna().all()
 
 
 def test_plan_bad_inputs_are_one_line(tmp_path, capsys):
@@ -233,6 +244,25 @@ def test_plan_bad_inputs_are_one_line(tmp_path, capsys):
         err = capsys.readouterr().err
         assert len(err.strip().splitlines()) == 1 and msg in err, err
     assert family_dir("a100-pcie-40gb") == PCIE
+
+
+@pytest.mark.parametrize("argv, msg", [
+    # issue 40 item 10: a negative price ranked the dearest first; NaN, inf and 1e308 made costs NaN or inf
+    (["--price-per-gpu-hour", "-1"], "prices must be finite $ per GPU-hour in (0, 10000]"),
+    (["--price-per-gpu-hour", "nan"], "prices must be finite"),
+    (["--price-per-gpu-hour", "inf"], "prices must be finite"),
+    (["--price-per-gpu-hour", "1e308"], "prices must be finite"),
+    (["--engine", "sglang,sglang"], "sglang named twice; allowed: each engine once"),
+    (["--gpu", "h100-sxm-80gb", "--interconnect", "pcie"], "--interconnect pcie picks one of the A100 profile"),
+    (["--max-gpus", "16", "--interconnect", "both"], "--interconnect both picks one of the A100 profile"),
+    (["--gpus", "4096"], "--gpus"),   # every split of 4096 GPUs simulated: hours; refused, --max-gpus named
+])
+def test_plan_flag_checks(tmp_path, capsys, argv, msg):
+    argv = [a for a in ["--gpus", "2"] if "--gpus" not in argv and "--max-gpus" not in argv] + argv
+    assert main(["plan", "--model", "qwen2.5-14b", "--rate", "1", "--no-progress", "--out", str(tmp_path / "p"),
+                 *argv]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and msg in err, err
 
 
 def test_warnings_a_planner_needs():
@@ -289,17 +319,101 @@ def test_gpus_beyond_a_node_are_placed_on_nodes(tmp_path, capsys):
     assert "--interconnect both with --gpus 16 > --gpus-per-node 8" in capsys.readouterr().err
 
 
-def test_cost_at_goodput_by_hand():
-    from sim.studies.plan import (COST_AT_GOODPUT, COST_AT_RATE_MISSES, COST_AT_RATE_NO_GOODPUT, COST_AT_RATE_TRACE,
-                                  cost_at_goodput)
+def test_cost_columns_by_hand():
+    from sim.studies.plan import cost_columns
 
-    # 8 GPUs at $2/GPU-hour serving 4 req/s: 16 $/h / 14,400 requests/h = $1111.1 per million
-    c = cost_at_goodput(8, 2.0, 2.0, 4.0, True)
-    assert c["cost_basis"] == COST_AT_GOODPUT
-    assert c["gpu_hours_per_million_requests"] == pytest.approx(8 / 3600 / 4 * 1e6)   # 555.6
-    assert c["cost_per_million_requests"] == pytest.approx(2 * 8 / 3600 / 4 * 1e6)    # 1111.1
-    # no goodput: at the rate (2 req/s), and why
-    assert cost_at_goodput(8, 2.0, 2.0, float("nan"), True)["cost_per_million_requests"] == pytest.approx(2222.2222)
-    assert cost_at_goodput(8, 2.0, 2.0, float("nan"), True)["cost_basis"] == COST_AT_RATE_NO_GOODPUT
-    assert cost_at_goodput(8, 2.0, 2.0, 0.0, False)["cost_basis"] == COST_AT_RATE_MISSES
-    assert cost_at_goodput(8, None, 2.0, float("nan"), True, timestamped=True)["cost_basis"] == COST_AT_RATE_TRACE
+    # 8 GPUs at $2/GPU-hour: $16 per hour; serving 2 req/s (7,200 requests/h): $2222.2 per million; at a
+    # goodput of 4 req/s (14,400 requests/h): $1111.1 per million
+    c = cost_columns(8, 2.0, 2.0, 4.0)
+    assert c["cost_per_hour"] == 16.0
+    assert c["cost_per_million_at_rate"] == pytest.approx(16 / 7200 * 1e6)
+    assert c["cost_per_million_at_goodput"] == pytest.approx(16 / 14400 * 1e6)
+    # no goodput: none at the goodput, the rate's unchanged; no price: GPU-hours (8 per hour)
+    assert math.isnan(cost_columns(8, 2.0, 2.0, float("nan"))["cost_per_million_at_goodput"])
+    assert cost_columns(8, None, 2.0, 0.0)["cost_per_million_at_rate"] == pytest.approx(8 / 7200 * 1e6)
+    assert math.isnan(cost_columns(8, None, None, 1.0)["cost_per_million_at_rate"])
+
+
+def test_the_throughput_bound_is_finite_for_every_shipped_profile():
+    # 95 of the 137 shipped profiles have a last grid point lower than the one before; the slope of those two
+    # made their bound infinite, so a plan never pruned anything on them
+    from sim.core.config import REPO_ROOT
+    from sim.studies.plan import throughput_bound_rps
+
+    metas = sorted(REPO_ROOT.glob("profiles/**/meta.toml"))
+    assert len(metas) > 100
+    bounds = [throughput_bound_rps(str(m.parent), 1, 1, 1000.0) for m in metas]
+    assert all(math.isfinite(b) and b > 0 for b in bounds)
+
+
+def test_a_rate_beyond_every_bound_is_pruned_not_claimed(tmp_path, capsys):
+    # `--quick --rate 100000` answered "4 H100s serve Llama-3.1-8B, goodput 1e+05 req/s"; with every candidate
+    # pruned the plan then ended in KeyError 'meets_slo' / 'cost_per_million_requests'
+    out = tmp_path / "p"
+    assert main(["plan", "--model", "llama-3.1-8b", "--gpu", "h100-sxm-80gb", "--gpus", "4", "--quick", "--rate",
+                 "100000", "--seeds", "1", "--no-progress", "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    df = pd.read_csv(out / "plan.csv")
+    assert (df["status"] == "pruned").all() and df["rank"].isna().all()
+    assert df["reason"].str.contains("> the throughput bound").all()
+    assert "None qualifies" in text and (out / "plan.png").is_file() and (out / "plan.txt").is_file()
+
+
+def test_a_conversation_plan_reports_requests_per_second():
+    # issue 40 item 1: a conversation workload's rate_rps starts sessions; goodput and plan reported
+    # sessions/s as req/s and priced per million requests on it
+    import argparse
+
+    from sim.studies.plan import in_requests, plan_load
+
+    args = argparse.Namespace(trace=None, workload="chat-sessions", quick=False, rate=0.2)
+    load = plan_load(args, {"num_sessions": 10})
+    from sim.workloads import build_workload_said
+
+    reqs, _ = build_workload_said({"name": "chat-sessions", "num_sessions": 10, "rate_rps": 0.2}, seed=1)
+    assert load.per_unit == pytest.approx(len(reqs) / 10) and load.per_unit > 1
+    assert load.table["num_sessions"] == 12   # held 60 s at 0.2 sessions/s
+    assert any("requests per session" in c for c in load.changes)
+    # by hand: 2 requests per session at 0.5 sessions/s = 1 req/s; 4 GPUs at $3/h serve 3,600 requests/h:
+    # $3333.33 per million at the rate; a goodput of 2 sessions/s = 4 req/s: $833.33
+    row = in_requests({"status": "ok", "gpus": 4, "rate_rps": 0.5, "goodput_rps": 2.0}, 2.0, 3.0)
+    assert row["rate_rps"] == 1.0 and row["goodput_rps"] == 4.0 and row["goodput_sessions_per_s"] == 2.0
+    assert row["cost_per_million_at_rate"] == pytest.approx(12 / 3600 * 1e6)
+    assert row["cost_per_million_at_goodput"] == pytest.approx(12 / 14400 * 1e6)
+
+
+def test_a_conversation_workload_without_a_request_is_an_error():
+    from sim.core.errors import ConfigError
+    from sim.workloads import build_workload_said
+
+    with pytest.raises(ConfigError, match="max_context_tokens = 2: no session's first turn"):
+        build_workload_said({"name": "chat-sessions", "num_sessions": 5, "max_context_tokens": 2}, seed=1)
+
+
+def test_the_workload_docs_say_mooncake_hash_ids_are_modelled():
+    # the reader turns hash_ids into prompt pieces (sim/workloads/readers.py), which the prefix cache reuses
+    from sim.core.config import REPO_ROOT
+
+    text = (REPO_ROOT / "workloads" / "README.md").read_text()
+    assert "counted, not modelled" not in text and "which engines with a prefix cache reuse" in text
+
+
+def test_verify_resimulates_the_answer_at_length(tmp_path, capsys, monkeypatch):
+    from sim.studies import plan_verify
+
+    monkeypatch.setattr(plan_verify, "VERIFY_MIN_REQUESTS", 0)  # 10x the probe's 40 requests: 400
+    out = tmp_path / "p"
+    assert main(["plan", "--model", "qwen2.5-14b", "--gpus", "1", "--quick", "--set", "workload.num_requests=40",
+                 "--rate", "0.5", "--seeds", "1", "--verify", "--no-progress", "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    doc = json.loads((out / "plan.json").read_text())
+    checks = doc["verification"]
+    best = next(c for c in doc["candidates"] if c["rank"] == 1)
+    assert checks[0]["deployment"] == best["deployment"] and checks[0]["check"] == "recommended, at the rate"
+    assert checks[0]["rate_rps"] == 0.5 and checks[0]["num_requests"] == 400
+    tops = sorted((c["goodput_rps"] for c in doc["candidates"] if c.get("goodput_rps")), reverse=True)[:3]
+    assert [c["rate_rps"] for c in checks[1:]] == pytest.approx(tops)
+    assert all(isinstance(c["holds"], bool) for c in checks)
+    assert all(c["margin"] >= 0 and not c["saturated"] for c in checks if c["holds"])
+    assert "verify (the first seed, run at length):" in text and "verify (the first" in (out / "plan.txt").read_text()
+    assert "_table" not in pd.read_csv(out / "plan.csv").columns

@@ -9,8 +9,7 @@ from sim.cli.common import SEEDS, float_in, int_in, jobs, warn
 from sim.core import fsio
 from sim.core.lazy import lazy
 from sim.core.slo import SLO, slo_from_specs
-from sim.studies.plan import POLICIES, _jsonable, plot_plan, run_plan
-from sim.studies.verdict import cost_key
+from sim.studies.plan import MAX_GPUS_EXHAUSTIVE, POLICIES, _jsonable, plot_plan, run_plan
 
 pd = lazy("pandas")  # imported on first use (sim/core/lazy.py)
 
@@ -27,6 +26,32 @@ EPILOG = """examples:
 
 
 
+def _rule_text(meta: dict) -> str:
+    from sim.studies.plan import COST_NOTE
+
+    return f"ranking: {meta['rule']}.\n{COST_NOTE}; in {meta.get('cost_unit', 'GPU-hours')}."
+
+
+def _plan_text(df, meta: dict, cols: list[str]) -> str:
+    """plan.txt: the load, the ranking rule and cost columns, every ranked candidate, the verdict, the
+    --verify checks."""
+    ranked = df[df["rank"].notna()]
+    table = (ranked[[c for c in cols if c in df]].to_string(index=False, float_format=lambda v: f"{v:.4g}")
+             if len(ranked) else "(no candidate qualifies)")
+    return "\n".join([meta["load"] + f"; {meta['seeds']} paired seed(s); {meta['slo']}", _rule_text(meta), "",
+                      table, "", meta["verdict"], *_verify_lines(meta), ""])
+
+
+def _verify_lines(meta: dict) -> list[str]:
+    from sim.studies.plan_verify import describe
+
+    if "verification" not in meta:
+        return []
+    checks = meta["verification"]
+    return ["", "verify (the first seed, run at length):", *("  " + line for line in describe(checks))] \
+        if checks else ["", "verify: nothing to check (no candidate ranked or with a goodput)"]
+
+
 def _int_list(text: str) -> tuple[int, ...]:
     try:
         vals = tuple(int(v) for v in text.split(","))
@@ -41,6 +66,9 @@ def _engine_list(text: str) -> tuple[str, ...]:
     vals = tuple(v.strip() for v in text.split(",") if v.strip())
     if not vals:
         raise argparse.ArgumentTypeError(f"{text!r}: expected engine names, e.g. fastpp,sglang,vllm-v1")
+    twice = sorted({v for v in vals if vals.count(v) > 1})
+    if twice:  # (each would plan every candidate again, as another one)
+        raise argparse.ArgumentTypeError(f"{text!r}: {twice[0]} named twice; allowed: each engine once")
     return vals
 
 
@@ -58,10 +86,12 @@ def add_commands(sub) -> None:
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="qwen2.5-32b", help="model id (a folder of the profile family)")
     p.add_argument("--gpu", default=None, help="profile family under profiles/ or a folder (overrides --interconnect)")
-    p.add_argument("--interconnect", default="pcie",
-                   help="pcie (a100-pcie-40gb), nvlink (a100-sxm-80gb-nvswitch) or both (like-for-like: "
-                        "only the communication model differs)")
-    p.add_argument("--gpus", type=int_in(1, 4096), default=None, help="number of GPUs (default 4)")
+    p.add_argument("--interconnect", default=None,
+                   help="pcie (a100-pcie-40gb; the default without --gpu), nvlink (a100-sxm-80gb-nvswitch) or both "
+                        "(like-for-like: only the communication model differs); not with --gpu or --max-gpus")
+    p.add_argument("--gpus", type=int_in(1, MAX_GPUS_EXHAUSTIVE), default=None,
+                   help=f"number of GPUs (default 4; at most {MAX_GPUS_EXHAUSTIVE}: every split is simulated; "
+                        f"--max-gpus searches larger clusters)")
     p.add_argument("--max-gpus", type=int_in(1, 4096), default=None, metavar="N",
                    help="with --rate: the fewest GPUs up to N that meet the SLOs, over nodes, co-located and "
                         "disaggregated deployments (--gpu defaults to h100-sxm-80gb)")
@@ -108,6 +138,9 @@ def add_commands(sub) -> None:
     p.add_argument("--jobs", type=jobs, default=1)
     p.add_argument("--executor", default="process", help="process (default) or ray")
     p.add_argument("--address", default=None, help="Ray cluster address")
+    p.add_argument("--verify", action="store_true",
+                   help="re-simulate the recommended deployment (at the rate) and the three highest goodputs (at "
+                        "theirs) with 10x the probe's requests (at least 5,000) and say whether each holds")
     p.add_argument("--quick", action="store_true", help="at most 150 requests and a coarser search")
     p.add_argument("--out", default="runs/plan", help="output folder (default runs/plan)")
     p.add_argument("--json", default=None, metavar="PATH", help="also write the plan as JSON to PATH (a new file)")
@@ -131,14 +164,22 @@ def cmd_plan(args) -> int:
 
         raise ConfigError("--gpus N ranks the deployments of exactly N GPUs; --max-gpus N finds the fewest up to N; "
                           "allowed: one of them")
+    if args.interconnect is not None and (args.gpu or args.max_gpus):
+        from sim.core.errors import ConfigError
+
+        raise ConfigError(f"--interconnect {args.interconnect} picks one of the A100 profile families; with "
+                          f"{'--gpu ' + args.gpu if args.gpu else '--max-gpus (whose --gpu defaults to h100-sxm-80gb)'} "
+                          f"the GPU's own profiles fix it; allowed: --interconnect without --gpu and --max-gpus")
     source, rate = describe_workload({"name": args.workload})
+    if getattr(args, "trace", None):  # (the trace replayed, not the --workload default)
+        source = f"trace {args.trace}"
     slo_text = slo_from_specs(args.slo, SLO(ttft_ms=args.slo_ttft_ms, tpot_ms=args.slo_tpot_ms)).describe()
     load = f"{args.rate:g} req/s (Poisson)" if getattr(args, "rate", None) else f"goodput search (Poisson), {rate} in the workload file"
     if getattr(args, "trace", None):
         load = f"the trace's own timestamps ({args.trace})"
     gpus_text = (f"up to {args.max_gpus} ({args.gpu or 'h100-sxm-80gb'}, {args.gpus_per_node} per node, "
                  f"{args.network} between nodes); co-located and disaggregated, TP x PP per pool"
-                 if args.max_gpus else f"{args.gpus or 4} ({args.gpu or args.interconnect}); every TP x PP x replicas split"
+                 if args.max_gpus else f"{args.gpus or 4} ({args.gpu or args.interconnect or 'pcie'}); every TP x PP x replicas split"
                  + (f", placed on nodes of {args.gpus_per_node} ({args.network} between them)"
                     if (args.gpus or 4) > args.gpus_per_node else ""))
     print(format_header({
@@ -164,12 +205,15 @@ def cmd_plan(args) -> int:
     for line in meta["interconnect_notes"]:
         print(line)
     nodes = ["nodes"] if "nodes" in df and (df["nodes"].fillna(1) > 1).any() else []
-    if mode == "rate":  # cost at each one's goodput (plan.csv's cost_basis says which rows it is not)
+    if mode == "rate":
         cols = ["rank", "deployment", *nodes, *slo.keys(), "p99_e2e_ms", "slo_attainment", "kv_headroom", "margin",
-                "goodput_rps", cost_key(df), "meets_slo", "tied_with_best"]
+                "cost_per_hour", "cost_per_million_at_rate", "goodput_rps", "cost_per_million_at_goodput", "meets_slo",
+                "tied_with_best"]
     else:
-        cols = ["rank", "deployment", *nodes, "goodput_rps", "goodput_ci_lo", "goodput_ci_hi", cost_key(df),
-                *[f"{k}_at_80pct" for k in slo.keys()], "kv_headroom_at_80pct", "tied_with_best"]
+        cols = ["rank", "deployment", *nodes, "goodput_rps", "goodput_ci_lo", "goodput_ci_hi", "cost_per_hour",
+                "cost_per_million_at_goodput", *[f"{k}_at_80pct" for k in slo.keys()], "kv_headroom_at_80pct",
+                "tied_with_best"]
+    print(_rule_text(meta))
     shown = df[df["status"] == "ok"]
     if not args.all:
         shown = shown[shown["rank"].notna()].head(args.top)
@@ -189,19 +233,22 @@ def cmd_plan(args) -> int:
         print("\nwarnings:")
         for r in flagged.itertuples():
             print(f"  {r.deployment}: {r.warnings}")
+    for line in _verify_lines(meta):
+        print(line)
     print("\n" + meta["verdict"])
     fsio.write_text(out / "recommendation.txt", meta["verdict"] + "\n")
-    print(f"\nwrote {out}/plan.csv, plan.json, plan.png, recommendation.txt" + (f" and {args.json}" if args.json else ""))
+    fsio.write_text(out / "plan.txt", _plan_text(df, meta, cols))
+    print(f"\nwrote {out}/plan.csv, plan.json, plan.png, plan.txt, recommendation.txt" + (f" and {args.json}" if args.json else ""))
     return 0
 
 
 def _print_cluster(df, meta, args, out, slo) -> int:
     """The --max-gpus plan on the console: ranked candidates, what was pruned and why, the verdict."""
-    from sim.studies.verdict import cost_key
-
     print(meta["load"] + f"; {meta['seeds']} paired seed(s); {meta['slo']}")
+    print(_rule_text(meta))
     cols = ["rank", "deployment", "mode", "gpus", "nodes", *slo.keys(), "margin", "margin_ci_lo", "margin_ci_hi",
-            "goodput_rps", cost_key(df), "mean_kv_transfer_ms", "tied_with_best"]
+            "cost_per_hour", "cost_per_million_at_rate", "goodput_rps", "cost_per_million_at_goodput",
+            "mean_kv_transfer_ms", "tied_with_best"]
     shown = df[df["status"] == "ok"]
     if not args.all:
         shown = shown[shown["rank"].notna()].head(args.top)
@@ -226,8 +273,12 @@ def _print_cluster(df, meta, args, out, slo) -> int:
         print("\nbest by mode and node count:")
         for line in meta["by_mode_and_nodes"]:
             print("  " + line)
+    for line in _verify_lines(meta):
+        print(line)
     print("\n" + meta["verdict"])
     fsio.write_text(out / "recommendation.txt", meta["verdict"] + "\n")
-    print(f"\nwrote {out}/plan.csv, plan.json, plan.png, recommendation.txt" + (f" and {args.json}" if args.json else ""))
+    fsio.write_text(out / "plan.txt", _plan_text(df, meta, cols))
+    fsio.write_text(out / "plan.txt", _plan_text(df, meta, cols))
+    print(f"\nwrote {out}/plan.csv, plan.json, plan.png, plan.txt, recommendation.txt" + (f" and {args.json}" if args.json else ""))
     return 0
 

@@ -117,6 +117,11 @@ def pool_sizes(cfg: RunConfig, latency, eng=None, settings: EngineSettings | Non
     engine sizes them (FastPP and SGLang: SGLang's profile_max_num_token and max_running_requests;
     vLLM: its gpu_memory_utilization share less the activations of a full step)."""
     sc = cfg.scheduler
+    model_ctx = getattr(getattr(latency, "profile", None), "context_length", None)
+    if model_ctx and sc.context_length_tokens > model_ctx:  # (a prompt beyond it is cut to the context, warned)
+        raise ConfigError(f"config [scheduler] context_length_tokens = {sc.context_length_tokens} exceeds the model's "
+                          f"context length {model_ctx} (profile {cfg.latency.profile}: [model] context_length_tokens); "
+                          f"allowed: <= {model_ctx}")
     kv = sc.kv_tokens
     frac = sc.mem_fraction
     if frac is None and eng is not None and hasattr(eng, "mem_fraction"):

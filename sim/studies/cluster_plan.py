@@ -32,18 +32,17 @@ The search, with its stated bounds (each candidate's row says which one decided 
    the first round adds the fewest-GPU candidate of each mode and node count) are simulated in full (every instance, router, placement, KV transfers) over the paired seeds; one that
    misses gets the next count of the instance kind it missed with (TTFT: prefill, TPOT: decode) in the
    next round. A candidate not confirmed keeps its screen numbers (status `estimated`).
-4. Cost: each confirmed candidate's goodput (first seed, searched from R upward to within 10%:
-   `sim.studies.plan.goodputs_above`), and its cost per million requests at that goodput
-   (`--price-per-gpu-hour`, else GPU-hours), since at R itself the cost of equal GPU counts is equal;
-   `cost_basis` in plan.csv says which rows are at the goodput and which at the rate (screen estimates,
-   candidates missing the SLOs). plan.png puts each confirmed candidate at its goodput (output tokens/s per
+4. Cost (`--price-per-gpu-hour`, else GPU-hours), one basis per column: `cost_per_hour`,
+   `cost_per_million_at_rate` (serving R) and `cost_per_million_at_goodput` (at each confirmed candidate's
+   goodput, first seed, searched from R upward to within 10%: `sim.studies.plan.goodputs_above`; NaN
+   where none was measured). plan.png puts each confirmed candidate at its goodput (output tokens/s per
    GPU) and the mean TPOT of its run there (`sim.studies.plan.pareto_points`).
 
 Every candidate runs FastPP's scheduler (disaggregated pools run only FastPP's): `--engine` other than
 fastpp is refused with --max-gpus.
 
-Ranking: confirmed candidates meeting the SLOs on every seed, by fewest GPUs, then cost at goodput, then
-margin (mean over seeds); those of the best one's GPU count whose margin CI overlaps its are tied.
+Ranking: confirmed candidates meeting the SLOs on every seed (sustained: not saturated), by fewest GPUs,
+then cost per hour, then margin (mean over seeds); those of the best one's GPU count whose margin CI overlaps its are tied.
 """
 
 from __future__ import annotations
@@ -57,9 +56,10 @@ from sim.core.errors import ConfigError
 from sim.core.lazy import lazy
 from sim.core.slo import SLO
 from sim.latency.profiled import Profile, kv_capacity_tokens
-from sim.studies.plan import (COST_AT_RATE_ESTIMATED, CONTEXT_TOKENS, MEM_FRACTION, POLICIES, at_rate_row,
-                              cost_at_goodput, cost_per_million, deployment_table, goodputs_above, nodes_used,
+from sim.studies.plan import (CONTEXT_TOKENS, MEM_FRACTION, POLICIES, at_rate_row,
+                              cost_columns, cost_unit, deployment_table, goodputs_above, nodes_used,
                               resolve_profile, throughput_bound_rps, weights_reason, _short)
+from sim.studies.plan_verify import TABLE, verify
 from sim.studies.sweep import Runner, SustainedSLO, sustained
 
 np = lazy("numpy")
@@ -472,11 +472,9 @@ class ClusterPlan:
                     "mean_tpot_ms": _num(sc.get("mean_tpot_ms")), "mean_ttft_ms": _num(sc.get("mean_ttft_ms")),
                     **{k: _num(sc.get(k)) for k in self.slo.keys()},
                     "screen_margin": self.slo.margin(sc) if sc else math.nan, "meets_slo": False,
-                    "gpu_hours_per_million_requests": cost_per_million(1.0, c.gpus, self.rate),
-                    "cost_per_million_requests": cost_per_million(price, c.gpus, self.rate),
-                    "cost_basis": COST_AT_RATE_ESTIMATED}
+                    **cost_columns(c.gpus, price, self.rate, math.nan)}
         row = {**base, "status": "ok", "reason": "", "num_seeds": len(summ), **at_rate_row(summ, self.slo),
-               "note": ""}
+               "note": "", TABLE: self.table_of(c, self.seeds[0], False)}
         for k in ("mean_kv_transfer_ms", "p99_kv_transfer_ms", "kv_link_utilisation_max"):
             row[k] = _num(np.nanmean([_num(s.get(k)) for s in summ])) if any(s.get(k) is not None for s in summ) \
                 else math.nan
@@ -485,12 +483,12 @@ class ClusterPlan:
         row["goodput_rps"] = g if g is not None else math.nan
         at_g = found[1] if found is not None and g is not None else None
         row["goodput_mean_tpot_ms"] = _num(at_g.get("mean_tpot_ms")) if at_g else math.nan
-        row.update(cost_at_goodput(c.gpus, price, self.rate, row["goodput_rps"], row["meets_slo"]))
+        row.update(cost_columns(c.gpus, price, self.rate, row["goodput_rps"]))
         if not row["meets_slo"]:
             row["note"] = "misses the SLOs in full simulation" + (
                 f" on {len(summ) - int(row['seeds_meeting'])} of {len(summ)} seeds" if row["seeds_meeting"] else "")
         elif g is None:
-            row["note"] = "goodput not found (cost at the rate)"
+            row["note"] = "goodput not found (no cost at goodput)"
         return row
 
 
@@ -509,15 +507,15 @@ def _compose(prefill: dict, decode: dict) -> dict:
 
 
 def rank_cluster(df: pd.DataFrame) -> pd.DataFrame:
-    """Ranked order (module docstring): fewest GPUs, then cost at goodput, then margin; ties by margin CI."""
-    from sim.studies.verdict import cost_key
-
+    """Ranked order (module docstring): fewest GPUs, then cost per hour, then margin; ties by margin CI."""
     df = df.copy()
+    for col in ("margin", "margin_ci_lo", "margin_ci_hi", "cost_per_hour", "goodput_rps"):
+        if col not in df:  # (nothing simulated in full)
+            df[col] = math.nan
     df["rank"] = math.nan
     df["tied_with_best"] = False
     ok = (df["status"] == "ok") & df.get("meets_slo", pd.Series(False, index=df.index)).fillna(False).astype(bool)
-    ck = cost_key(df)
-    elig = df[ok].assign(_c=lambda d: d[ck].astype(float).fillna(math.inf))
+    elig = df[ok].assign(_c=lambda d: d["cost_per_hour"].astype(float).fillna(math.inf))
     elig = elig.sort_values(["gpus", "_c", "margin"], ascending=[True, True, False])
     if len(elig):
         best = elig.iloc[0]
@@ -533,8 +531,8 @@ def rank_cluster(df: pd.DataFrame) -> pd.DataFrame:
     return out.reset_index(drop=True)
 
 
-def cluster_verdict(df: pd.DataFrame, rate: float, slo_text: str, max_gpus: int, pruned: int) -> str:
-    from sim.studies.verdict import cost_key
+def cluster_verdict(df: pd.DataFrame, rate: float, slo_text: str, max_gpus: int, pruned: int,
+                    unit: str = "GPU-hours") -> str:
 
     top = df[df["rank"] == 1]
     n_full = int((df["status"] == "ok").sum())
@@ -546,16 +544,14 @@ def cluster_verdict(df: pd.DataFrame, rate: float, slo_text: str, max_gpus: int,
         return head + " None meets the SLOs on every seed within the GPUs allowed: add GPUs, relax the SLOs or " \
                       "lower the rate."
     b = top.iloc[0]
-    ck = cost_key(df)
-    cost = float(b[ck])
-    unit = "$" if ck.startswith("cost") else ""
-    ctext = (f"{unit}{cost:,.2f} per million requests" if unit else f"{cost:,.1f} GPU-hours per million requests")
-    gp = b.get("goodput_rps")
+    from sim.studies.verdict import _money
+
+    at_rate = f"{_money(float(b['cost_per_million_at_rate']), unit)} per million requests at {rate:g} req/s"
+    gp, cg = b.get("goodput_rps"), b.get("cost_per_million_at_goodput")
+    at_g = f" ({_money(float(cg), unit)} at its goodput {gp:.3g} req/s)" if gp == gp and cg == cg else ""
     text = [head, f"Fewest GPUs: {b['deployment']} on {int(b['gpus'])} GPUs ({int(b['nodes'])} node"
                   f"{'s' if int(b['nodes']) > 1 else ''}, {b['mode']}), margin {100 * b['margin']:.1f}% "
-                  f"(95% CI {100 * b['margin_ci_lo']:.1f}% to {100 * b['margin_ci_hi']:.1f}%), "
-                  f"{ctext} at its goodput {gp:.3g} req/s." if gp == gp else
-                  f"Fewest GPUs: {b['deployment']} on {int(b['gpus'])} GPUs, margin {100 * b['margin']:.1f}%."]
+                  f"(95% CI {100 * b['margin_ci_lo']:.1f}% to {100 * b['margin_ci_hi']:.1f}%), {at_rate}{at_g}."]
     other = df[df["rank"].notna() & (df["mode"] != b["mode"])]
     if len(other):
         o = other.iloc[0]
@@ -613,6 +609,9 @@ def run_cluster_plan(args) -> tuple[pd.DataFrame, dict]:
     fam = family_dir(gpu)
     price = parse_prices(args.price_per_gpu_hour, [fam.name]).get(fam.name)
     load = plan_load(args, overrides)
+    if load.per_unit != 1.0:
+        raise ConfigError(f"--max-gpus with --workload {args.workload}: a conversation workload's rate is sessions/s, "
+                          f"which the screens cannot split by replica; allowed: a request workload, or --gpus N")
     out = Path(args.out)
     seeds = list(range(1, args.seeds + 1))
     runner = Runner(out / "cache.jsonl", jobs=args.jobs, executor=args.executor, address=args.address,
@@ -631,15 +630,21 @@ def run_cluster_plan(args) -> tuple[pd.DataFrame, dict]:
     df["router"] = "least-loaded"
     df = rank_cluster(df)
     df["warnings"] = [_cluster_warnings(r) for r in df.to_dict("records")]
+    checks = verify(runner, df.to_dict("records"), load.rate_rps, slo) if getattr(args, "verify", False) else None
+    df = df.drop(columns=[TABLE], errors="ignore")
     meta = {"mode": "rate", "model": args.model, "gpus": args.max_gpus, "max_gpus": args.max_gpus,
             "gpus_per_node": args.gpus_per_node, "network": args.network, "gpu": fam.name,
             "slo": slo.describe(), "seeds": len(seeds), "rate_rps": load.rate_rps, "load": load.note,
             "workload_warnings": list(load.changes), "interconnect_notes": [], "tokens_per_request": tokens["total"], "output_tokens_per_request":
             tokens["output"], "pruned": plan.pruned, "kv_transfer": args.kv_transfer,
             "first_token": args.first_token, "policies": list(args.policies),
-            "rule": "fewest GPUs meeting the SLOs on every seed, then cost at its goodput"}
-    meta["verdict"] = cluster_verdict(df, load.rate_rps, slo.describe(), args.max_gpus, plan.pruned)
+            "cost_unit": cost_unit({fam.name: price} if price else {}),
+            "rule": "fewest GPUs meeting the SLOs on every seed (sustained: not saturated), then cost per hour, "
+                    "then margin"}
+    meta["verdict"] = cluster_verdict(df, load.rate_rps, slo.describe(), args.max_gpus, plan.pruned, meta["cost_unit"])
     meta["by_mode_and_nodes"] = by_mode_and_nodes(df)
+    if checks is not None:
+        meta["verification"] = checks
     return df, meta
 
 

@@ -11,11 +11,11 @@ Two questions:
 - `--rate R` (or a timestamped trace, `--trace FILE`, replayed at its own times, scaled to R
   when `--rate` is given): simulate every candidate at that load and report mean/P50/P90/P99
   TTFT, TPOT and E2E, the percentiles the SLO names, SLO attainment, KV headroom, cost per
-  million requests and whether the SLOs hold; rank those meeting them by cost, then margin.
-  At R the cost of N GPUs is the same for every split, so for those meeting the SLOs it is taken
-  at each one's goodput (`goodputs_above`: first seed, searched from R upward to within 10%);
-  `cost_basis` in plan.csv says which rows are at the goodput and which at the rate (those
-  missing the SLOs; a trace replayed at its timestamps, which has no rate to raise).
+  million requests and whether the SLOs hold; rank those meeting them (sustained: not saturated) by
+  fewest GPUs, then cost per hour, then margin (`sim.studies.verdict.rank`). Cost columns, one basis
+  each: `cost_per_hour`, `cost_per_million_at_rate` (serving R: the one to present) and
+  `cost_per_million_at_goodput` (at each one's goodput, `goodputs_above`: first seed, searched from R
+  upward to within 10%; NaN for those missing the SLOs and a trace replayed at its timestamps).
 - no `--rate`: each candidate's goodput (the highest rate meeting the SLOs; `sim.studies.sweep`),
   mean and 95% CI over the seeds, ranked by goodput with CI ties broken by cost, then GPUs.
 
@@ -67,8 +67,9 @@ from sim.core.config import REPO_ROOT  # noqa: E402
 from sim.core.errors import ConfigError  # noqa: E402
 from sim.latency.profiled import Profile, ProfiledLatencyModel, kv_capacity_tokens  # noqa: E402
 from sim.core.slo import SLO, slo_from_specs  # noqa: E402
-from sim.studies.sweep import (Runner, Search, goodput_searches, mean_ci, meets_slo, sustained,  # noqa: E402
-                               with_rate)
+from sim.studies.sweep import (Runner, Search, goodput_searches, mean_ci, meets_slo, size_key,  # noqa: E402
+                               sustained, with_rate)
+from sim.studies.plan_verify import TABLE, verify  # noqa: E402
 from sim.studies.verdict import family, rank, verdict  # noqa: E402
 from sim.workloads import build_workload_said, resolve_workload  # noqa: E402
 
@@ -88,6 +89,8 @@ GOODPUT_REPLICATE = 0.7  # goodput mode: more seeds for candidates within 70% of
 STOP_FACTOR = 2.0  # rate mode: a run stops once a percentile certainly exceeds 2x its threshold
 CONTEXT_TOKENS = 16384
 MEM_FRACTION = 0.9
+MAX_GPUS_EXHAUSTIVE = 256  # --gpus: every split is simulated (4096 GPUs: 336 runs of up to 4096 replicas, hours)
+MAX_PRICE = 1e4  # $ per GPU-hour: a bound far above any list price, below which costs stay finite
 # Every probe's Poisson arrivals span at least this long (more requests at a higher rate), so that a rate is
 # held, not absorbed as a burst: 1,000 requests at 185 req/s span 5 s, which a 4-node deployment absorbed
 # while serving 63 req/s (issue 39). With the late-arrival check (sim.core.slo.SLO.meets) and the saturation
@@ -200,10 +203,18 @@ def throughput_bound_rps(profile: str, pp: int, replicas: int, tokens_per_reques
     prof = Profile.load(REPO_ROOT / profile if not Path(profile).is_absolute() else profile)
     lat = ProfiledLatencyModel(prof, pp)
     grid = [int(g) for g in prof.grid]
+    # on the grid: the model's own times (running maximum over the grid: sim.latency.profiled.layer_nonattn_s)
     per_token = min(lat.layer_nonattn_s(g, scaled=True) / g for g in grid)
-    if len(grid) >= 2:  # beyond the grid the time is linear: its slope is the limit per token
-        slope = (lat.layer_nonattn_s(grid[-1], True) - lat.layer_nonattn_s(grid[-2], True)) / (grid[-1] - grid[-2])
-        per_token = min(per_token, max(slope, 0.0))
+    # beyond it the time grows at the model's extrapolation rate (never negative), never below its roofline
+    # floor: time / tokens tends to the larger of the two. Both 0 (a flat top, no floor): the grid's minimum
+    # stands, a finite bound (the slope of the last two points made it infinite for 95 of 137 profiles, whose
+    # last point is lower than the one before).
+    limit = lat.extrapolation_rate_s(scaled=True)
+    if lat.floors is not None:
+        big = 1 << 30
+        limit = max(limit, lat.floors.linear_s(float(big)) / big)
+    if limit > 0:
+        per_token = min(per_token, limit)
     busiest = max(lat.layers) * per_token * tokens_per_request
     return replicas / busiest if busiest > 0 else math.inf
 
@@ -264,6 +275,10 @@ class PlanLoad:
     note: str
     changes: tuple[str, ...]  # what the workload's reader changed of its input (build_workload_said)
     tokens: dict[str, float]  # mean prompt, output and total tokens per request (`mean_tokens`)
+    # requests per unit of the workload's rate: 1 for requests; a conversation workload's rate_rps starts
+    # sessions, each sending its turns: requests / sessions of its seed-1 build. Rates and goodputs in the
+    # plan's outputs are requests/s (the searches run in the workload's own unit).
+    per_unit: float = 1.0
 
 
 def _mean_rate(reqs) -> float:
@@ -286,25 +301,37 @@ def plan_load(args, overrides: dict) -> PlanLoad:
         table = {"name": args.workload, **overrides}
     merged, _ = resolve_workload(table)
     timestamped = merged.get("kind") == "trace" and merged.get("arrivals", "poisson") != "poisson"
-    if args.quick and not timestamped:
+    if args.quick and not timestamped and "num_sessions" not in merged:
         table["num_requests"] = min(int(merged.get("num_requests", 150) or 150), 150)
     if args.rate is not None and not args.rate > 0:
         raise ConfigError(f"--rate must be > 0 req/s, got {args.rate}")
     if not timestamped and args.rate is not None:
         table["rate_rps"] = float(args.rate)
-        n = int(table.get("num_requests", merged.get("num_requests", 0)) or 0)
-        if n > 0 and "num_sessions" not in merged:  # (a conversation workload's size is its sessions)
-            table["num_requests"] = max(n, math.ceil(float(args.rate) * probe_window_s(args) - 1e-9))
     # built once, here: what its reader changed (the candidates' runs build it silently, in workers) and its
     # token counts; a timestamp_speedup set below scales the arrival times only, not the requests
     reqs, said = build_workload_said(table, seed=1)
     changes, tokens = tuple(said), mean_tokens(reqs)
+    per = 1.0
+    if merged.get("kind") == "conversation":
+        per = len(reqs) / int(merged["num_sessions"])
+        changes = changes + (f"workload {args.workload}: a conversation workload's rate starts sessions; "
+                             f"{per:.3g} requests per session (seed 1): the plan's rates and goodputs are requests/s "
+                             f"(= sessions/s x {per:.3g}); --rate is sessions/s",)
+    if not timestamped:
+        # held at least the probe window (a conversation workload's size is its sessions), here at the rate and
+        # in the goodput searches at theirs (`with_rate` scales the size the table names); after the token
+        # counts, which need no more requests (a rate beyond every candidate's bound is pruned, never run)
+        size = size_key(merged)
+        n = int(table.get(size, merged.get(size, 0)) or 0)
+        if n > 0:
+            table[size] = n if args.rate is None else max(n, math.ceil(float(args.rate) * probe_window_s(args) - 1e-9))
     if not timestamped:
         if args.rate is None:
             return PlanLoad(table, False, None, f"workload {args.workload}: goodput search over Poisson rates",
-                            changes, tokens)
+                            changes, tokens, per)
+        unit = "req/s" if per == 1.0 else f"sessions/s ({args.rate * per:.3g} req/s)"
         return PlanLoad(table, False, float(args.rate), f"workload {table.get('name', 'trace')}: Poisson arrivals "
-                                                        f"at {args.rate:g} req/s", changes, tokens)
+                                                        f"at {args.rate:g} {unit}", changes, tokens, per)
     # NOTE: a timestamped trace keeps its arrival times; --rate only rescales them.
     own = _mean_rate(reqs)
     src = args.trace or args.workload
@@ -415,13 +442,6 @@ def goodputs_above(runner: Runner, tables: list[dict], rate: float, slo: SLO,
     return [(lo[i], at[i]) for i in range(n)]
 
 
-COST_AT_GOODPUT = "goodput"
-COST_AT_RATE_MISSES = "rate: misses the SLOs at the rate (no goodput searched)"
-COST_AT_RATE_NO_GOODPUT = "rate: goodput not found"
-COST_AT_RATE_ESTIMATED = "rate: screen estimate, not simulated in full"
-COST_AT_RATE_TRACE = "rate: a trace replayed at its timestamps (no rate to raise)"
-
-
 def _num(v) -> float:
     return math.nan if v is None else float(v)
 
@@ -458,16 +478,21 @@ def parse_prices(text: str | None, names: list[str]) -> dict[str, float]:
         return {}
     try:
         if "=" not in text:
-            return dict.fromkeys(names, float(text))
-        prices = {k.strip(): float(v) for k, v in (part.split("=", 1) for part in text.split(","))}
+            prices = dict.fromkeys(names, float(text))
+        else:
+            prices = {k.strip(): float(v) for k, v in (part.split("=", 1) for part in text.split(","))}
     except ValueError:
         raise ConfigError(f"--price-per-gpu-hour {text!r}: expected a number or NAME=PRICE,..., "
                           f"e.g. 2.0 or pcie=1.6,nvlink=2.2") from None
     for k in prices:
         if k not in names:
             raise ConfigError(f"--price-per-gpu-hour {text!r}: unknown name {k!r}; allowed: {', '.join(names)}")
-    if any(not v > 0 for v in prices.values()):
-        raise ConfigError(f"--price-per-gpu-hour {text!r}: prices must be > 0")
+    missing = [n for n in names if n not in prices]
+    if missing:  # (one unit per column: $ for every row or GPU-hours for every row)
+        raise ConfigError(f"--price-per-gpu-hour {text!r}: no price for {', '.join(missing)}; allowed: a price "
+                          f"for each of {', '.join(names)}, or one number for all")
+    if any(not (math.isfinite(v) and 0 < v <= MAX_PRICE) for v in prices.values()):
+        raise ConfigError(f"--price-per-gpu-hour {text!r}: prices must be finite $ per GPU-hour in (0, {MAX_PRICE:g}]")
     return prices
 
 
@@ -478,16 +503,27 @@ def cost_per_million(price: float | None, gpus: int, rate_rps: float) -> float:
     return price * gpus / 3600.0 / rate_rps * 1e6
 
 
-def cost_at_goodput(gpus: int, price: float | None, rate_rps: float, goodput_rps: float, meets_slo: bool,
-                    timestamped: bool = False) -> dict:
-    """A rate-mode row's cost columns: GPU-hours and $ per million requests at the deployment's goodput when
-    one was found (> 0), else at the rate, and `cost_basis` saying which and why."""
-    found = math.isfinite(goodput_rps) and goodput_rps > 0
-    at = goodput_rps if found else rate_rps
-    basis = (COST_AT_GOODPUT if found else COST_AT_RATE_TRACE if timestamped
-             else COST_AT_RATE_NO_GOODPUT if meets_slo else COST_AT_RATE_MISSES)
-    return {"gpu_hours_per_million_requests": cost_per_million(1.0, gpus, at),
-            "cost_per_million_requests": cost_per_million(price, gpus, at), "cost_basis": basis}
+def cost_columns(gpus: int, price: float | None, rate_rps: float | None, goodput_rps: float) -> dict:
+    """A row's cost columns, one basis each (`price` None: GPU-hours, a price of 1): `cost_per_hour` (GPUs x
+    price), `cost_per_million_at_rate` (serving the demanded rate: NaN without one) and
+    `cost_per_million_at_goodput` (at the deployment's own goodput; NaN where none was found)."""
+    price = price or 1.0
+    return {"cost_per_hour": price * gpus,
+            "cost_per_million_at_rate": cost_per_million(price, gpus, rate_rps) if rate_rps else math.nan,
+            "cost_per_million_at_goodput": cost_per_million(price, gpus, goodput_rps)
+            if math.isfinite(goodput_rps) and goodput_rps > 0 else math.nan}
+
+
+def cost_unit(prices: dict) -> str:
+    """What the cost columns count: $ with --price-per-gpu-hour, else GPU-hours."""
+    return "$" if prices else "GPU-hours"
+
+
+RULE_RATE = ("among those meeting the SLOs on every seed (sustained: not saturated), fewest GPUs, then cost per "
+             "hour (at the rate it orders cost_per_million_at_rate alike), then margin")
+RULE_GOODPUT = "highest goodput (CI ties: lower cost_per_million_at_goodput, then fewer GPUs)"
+COST_NOTE = ("cost columns: cost_per_hour = GPUs x price; cost_per_million_at_rate = serving the demanded rate (the "
+             "one to present); cost_per_million_at_goodput = at the candidate's own goodput (efficiency at full load)")
 
 
 def label(r: dict) -> str:
@@ -528,7 +564,7 @@ def run_plan(args) -> tuple[pd.DataFrame, dict]:
         from sim.profiling.cluster import load_network
 
         load_network(network)  # one-line error naming the allowed networks
-        if not args.gpu and args.interconnect == "both":
+        if not args.gpu and (args.interconnect or "pcie") == "both":
             raise ConfigError(f"--interconnect both with --gpus {args.gpus} > --gpus-per-node {gpn}: the like-for-like "
                               f"profiles name no hardware to place on nodes; allowed: --gpus <= {gpn}, or one "
                               f"interconnect")
@@ -536,7 +572,8 @@ def run_plan(args) -> tuple[pd.DataFrame, dict]:
     if args.gpu:
         families = [(Path(args.gpu).name, family_dir(args.gpu))]
     else:
-        names = list(INTERCONNECTS) if args.interconnect == "both" else [args.interconnect]
+        interconnect = args.interconnect or "pcie"
+        names = list(INTERCONNECTS) if interconnect == "both" else [interconnect]
         for n in names:
             if n not in INTERCONNECTS:
                 raise ConfigError(f"--interconnect {n!r}: allowed: pcie, nvlink, both")
@@ -577,9 +614,9 @@ def run_plan(args) -> tuple[pd.DataFrame, dict]:
                     continue
                 bound = throughput_bound_rps(sp.profile, sp.pp, sp.replicas, tokens)
                 base["throughput_bound_rps"] = bound
-                if mode == "rate" and load.rate_rps > bound:
+                if mode == "rate" and load.rate_rps * load.per_unit > bound:
                     rows.append({**base, "policy": "-", "status": "pruned",
-                                 "reason": f"overloaded: {load.rate_rps:g} req/s > the throughput bound {bound:.3g} "
+                                 "reason": f"overloaded: {load.rate_rps * load.per_unit:g} req/s > the throughput bound {bound:.3g} "
                                            f"req/s ({tokens:.0f} tokens per request)"})
                     continue
                 cands.append(base)
@@ -588,18 +625,26 @@ def run_plan(args) -> tuple[pd.DataFrame, dict]:
         rows += _plan_at_rate(runner, cands, load, slo, seeds, price, args.replicate_within)
     else:
         rows += _plan_goodput(runner, cands, load, slo, seeds, price, args)
+    if load.per_unit != 1.0:
+        rows = [in_requests(r, load.per_unit, price.get(r["interconnect"])) for r in rows]
     df = pd.DataFrame(rows)
     df.insert(0, "deployment", [label(r) for r in df.to_dict("records")])
     df = rank(df, mode)
     df["warnings"] = [_warnings(r, mode) for r in df.to_dict("records")]
+    checks = (verify(runner, df.to_dict("records"), None if load.rate_rps is None else load.rate_rps * load.per_unit,
+                     slo, load.per_unit) if getattr(args, "verify", False) else None)
+    df = df.drop(columns=[TABLE], errors="ignore")
     meta = {"mode": mode, "model": args.model, "gpus": args.gpus, "slo": slo.describe(), "seeds": len(seeds),
-            "rate_rps": load.rate_rps, "load": load.note, "interconnect_notes": notes,
+            "rate_rps": None if load.rate_rps is None else load.rate_rps * load.per_unit, "load": load.note,
+            "interconnect_notes": notes, "requests_per_rate_unit": load.per_unit,
             "workload_warnings": list(load.changes),
             "tokens_per_request": tokens, "output_tokens_per_request": load.tokens["output"],
             "gpus_per_node": gpn, "network": network if args.gpus > gpn else None,
-            "rule": ("lowest cost per million requests at its goodput among those meeting the SLOs on every seed, "
-                     "then margin" if mode == "rate" else "highest goodput (CI ties: lower cost, then fewer GPUs)")}
-    meta["verdict"] = verdict(df, mode, slo.describe(), load.rate_rps)
+            "cost_unit": cost_unit(prices),
+            "rule": RULE_RATE if mode == "rate" else RULE_GOODPUT}
+    meta["verdict"] = verdict(df, mode, slo.describe(), meta["rate_rps"], meta["cost_unit"])
+    if checks is not None:
+        meta["verification"] = checks
     return df, meta
 
 
@@ -633,10 +678,7 @@ def _plan_at_rate(runner, cands, load, slo, seeds, price, within: float) -> list
     for i, (c, policy) in enumerate(items):
         summ = [first[i], *extra.get(i, [])]
         row = {**c, "policy": policy, "status": "ok", "reason": "", "rate_rps": load.rate_rps,
-               "num_seeds": len(summ), **at_rate_row(summ, slo),
-               "gpu_hours_per_million_requests": cost_per_million(1.0, c["gpus"], load.rate_rps),
-               "cost_per_million_requests": cost_per_million(price[c["interconnect"]], c["gpus"], load.rate_rps),
-               "note": ""}
+               "num_seeds": len(summ), **at_rate_row(summ, slo), "note": "", TABLE: table(c, policy, seeds[0])}
         if first[i].get("status") == "stopped":
             for col in metric_columns(slo) + ["slo_attainment"]:
                 row[col] = math.nan  # only the requests finished by the stop: not comparable
@@ -655,9 +697,24 @@ def _plan_at_rate(runner, cands, load, slo, seeds, price, within: float) -> list
         rows[i]["goodput_mean_tpot_ms"] = _num(at_g.get("mean_tpot_ms")) if at_g and g > 0 else math.nan
     for i, row in enumerate(rows):
         c = items[i][0]
-        row.update(cost_at_goodput(c["gpus"], price[c["interconnect"]], load.rate_rps,
-                                   _num(row.get("goodput_rps")), row["meets_slo"], load.timestamped))
+        row.update(cost_columns(c["gpus"], price[c["interconnect"]], load.rate_rps, _num(row.get("goodput_rps"))))
     return rows
+
+
+RATE_COLUMNS = ("rate_rps", "goodput_rps", "goodput_ci_lo", "goodput_ci_hi", "goodput_per_gpu")
+
+
+def in_requests(row: dict, per: float, price: float | None) -> dict:
+    """A conversation workload's row with its rates in requests/s (x `per`, requests per session; each also
+    kept in sessions/s as `<name>_sessions`) and its cost columns taken at them."""
+    out = dict(row)
+    for k in RATE_COLUMNS:
+        if isinstance(out.get(k), (int, float)) and math.isfinite(out[k]):
+            out[k.replace("_rps", "") + "_sessions_per_s" if k.endswith("_rps") else k + "_sessions"] = out[k]
+            out[k] = out[k] * per
+    if out.get("status") == "ok":
+        out.update(cost_columns(out["gpus"], price, out.get("rate_rps"), _num(out.get("goodput_rps"))))
+    return out
 
 
 def _cluster_of(c: dict) -> dict | None:
@@ -672,7 +729,8 @@ def _plan_goodput(runner, cands, load, slo, seeds, price, args) -> list[dict]:
         router = "round-robin" if c["router"] == "single" else c["router"]
         table = deployment_table(load.table, c["profile"], c["replicas"], c["tp"], c["pp"], router, policy, slo,
                                  seed, stop_early=stop, engine=c.get("engine", "fastpp"), cluster=_cluster_of(c))
-        rates = [r for r in RATES if r < c["throughput_bound_rps"]] + [round(c["throughput_bound_rps"], 4)]
+        top = c["throughput_bound_rps"] / load.per_unit  # (in the workload's rate unit)
+        rates = [r for r in RATES if r < top] + [round(top, 4)]
         found = Search({"policy": policy, "seed": seed}, table, sorted(set(rates)), slo=slo)
         found.min_window_s = max(found.window_s, probe_window_s(args))  # held, not a burst (PROBE_MIN_WINDOW_S)
         return found
@@ -726,13 +784,12 @@ def _plan_goodput(runner, cands, load, slo, seeds, price, args) -> list[dict]:
                                            f"not replicated")
         rows.append({**c, "policy": policy, "status": "ok", "reason": "", "num_seeds": n, "note": note,
                      "goodput_rps": m, "goodput_ci_lo": max(lo, 0.0), "goodput_ci_hi": hi, "goodput_per_gpu": m / c["gpus"],
-                     "gpu_hours_per_million_requests": cost_per_million(1.0, c["gpus"], m),
-                     "cost_per_million_requests": cost_per_million(price[c["interconnect"]], c["gpus"], m),
-                     "cost_basis": COST_AT_GOODPUT,
+                     **cost_columns(c["gpus"], price[c["interconnect"]], None, m),
                      **{f"{k}_at_80pct": _num(r.get(k)) for k in slo.keys()},
                      "mean_tpot_ms_at_80pct": _num(r.get("mean_tpot_ms")),
                      "kv_headroom_at_80pct": head, "flag": "; ".join(flags),
-                     "edge": "top" if any("not_bracketed" in f or "extended" in f for f in flags) else ""})
+                     "edge": "top" if any("not_bracketed" in f or "extended" in f for f in flags) else "",
+                     TABLE: search(c, policy, seeds[0], stop=False).table})
     return rows
 
 

@@ -512,10 +512,17 @@ def with_rate(table: dict, rate: float, min_window_s: float = 0.0) -> dict:
                           f"follow a rate, so a rate sweep cannot move it; allowed: no 'concurrency' (or "
                           f"'max_concurrency' with the rate), or `ppsim goodput --concurrency LO:HI`")
     wl["rate_rps"] = float(rate)
-    n = wl.get("num_requests")
+    size = size_key(wl)
+    n = wl.get(size)
     if min_window_s > 0 and isinstance(n, int) and n > 0:
-        wl["num_requests"] = max(n, math.ceil(rate * min_window_s - 1e-9))
+        wl[size] = max(n, math.ceil(rate * min_window_s - 1e-9))
     return t
+
+
+def size_key(workload: dict) -> str:
+    """What a [workload] table counts its size in, at its `rate_rps`: sessions for a conversation workload
+    (its rate starts sessions), else requests."""
+    return "num_sessions" if "num_sessions" in workload else "num_requests"
 
 
 @dataclass
@@ -566,7 +573,7 @@ class Search:
         if self.min_window_s is not None:
             return self.min_window_s
         wl = self.table.get("workload", {})
-        n, rate = wl.get("num_requests"), wl.get("rate_rps")
+        n, rate = wl.get(size_key(wl)), wl.get("rate_rps")
         if not (isinstance(n, int) and n > 0):
             return 0.0
         ok = isinstance(rate, (int, float)) and not isinstance(rate, bool) and 0 < rate < math.inf

@@ -7,11 +7,15 @@ Ranking, goodput mode (no `--rate`): by mean goodput over the paired seeds; a ca
 95% CI overlaps the best one's is *tied* with it; the tied group is ordered by cost per
 million requests, then fewer GPUs, then goodput, and comes first.
 
-Ranking, rate mode (`--rate R`): only candidates that meet the SLOs on every seed are
-ranked, by cost per million requests, then by margin (the smallest relative slack over the
-objectives, 1 - percentile / threshold, mean over seeds); a candidate of the best one's cost
-whose margin CI overlaps the best one's is tied with it, and the tied group is ordered by
-fewer GPUs, then margin.
+Ranking, rate mode (`--rate R`): only candidates that meet the SLOs on every seed (sustained:
+not saturated) are ranked, by the first that tells them apart of: fewest GPUs, then cost per hour
+(GPUs x price; at R it orders `cost_per_million_at_rate` alike), then margin (the smallest relative
+slack over the objectives, 1 - percentile / threshold, mean over seeds); a candidate of the best
+one's GPUs and cost per hour whose margin CI overlaps the best one's is tied with it.
+
+Cost columns, one basis each: `cost_per_hour` (GPUs x $/GPU-hour), `cost_per_million_at_rate`
+(serving the demanded rate: the answer to present), `cost_per_million_at_goodput` (at the
+candidate's own goodput: its efficiency at full load); in $ with a price, else GPU-hours.
 
 Families: `replication` (more than one replica, whatever each replica's split), `hybrid
 TPxPP` (one replica with TP > 1 and PP > 1), `PP`, `TP`, `single GPU`.
@@ -40,12 +44,17 @@ def family(replicas: int, tp: int, pp: int) -> str:
     return "single GPU"
 
 
+COST_AT_RATE = "cost_per_million_at_rate"
+COST_AT_GOODPUT = "cost_per_million_at_goodput"
+
+
 def cost_key(df: pd.DataFrame) -> str:
-    """The cost column ranking uses: dollars per million requests when a price was given,
-    else GPU-hours per million requests."""
-    if "cost_per_million_requests" in df and df["cost_per_million_requests"].astype(float).notna().any():
-        return "cost_per_million_requests"
-    return "gpu_hours_per_million_requests" if "gpu_hours_per_million_requests" in df else "cost_per_million_requests"
+    """The cost per million requests a plan presents: at the demanded rate when the plan has one (what
+    serving it costs), else at each candidate's goodput (goodput mode: efficiency at full load). Its unit is
+    $ with --price-per-gpu-hour, else GPU-hours (the plan's `cost_unit`)."""
+    if COST_AT_RATE in df and df[COST_AT_RATE].astype(float).notna().any():
+        return COST_AT_RATE
+    return COST_AT_GOODPUT
 
 
 def _overlap(lo1: float, hi1: float, lo2: float, hi2: float) -> bool:
@@ -61,6 +70,13 @@ def rank(df: pd.DataFrame, mode: str) -> pd.DataFrame:
     `tied_with_best` columns. Unranked candidates (missed the SLOs, no goodput, pruned,
     dropped) follow, simulated ones first."""
     df = df.copy()
+    # a plan in which nothing was simulated (every candidate dropped or pruned) has none of these yet
+    need = (("goodput_rps", "goodput_ci_lo", "goodput_ci_hi", "cost_per_hour", COST_AT_GOODPUT) if mode == "goodput"
+            else ("meets_slo", "margin", "margin_ci_lo", "margin_ci_hi", "goodput_rps", "cost_per_hour", COST_AT_RATE,
+                  COST_AT_GOODPUT))
+    for col in ("status", "reason", "gpus", *need):
+        if col not in df:
+            df[col] = False if col == "meets_slo" else "" if col in ("status", "reason") else math.nan
     df["rank"] = math.nan
     ck = cost_key(df)
     df["tied_with_best"] = False
@@ -79,16 +95,18 @@ def rank(df: pd.DataFrame, mode: str) -> pd.DataFrame:
         rest = df[~ok].assign(_s=lambda d: d["status"] != "ok").sort_values(["_s", "goodput_rps"],
                                                                              ascending=[True, False])
     else:
-        ok = sim & df["meets_slo"].astype(bool)
-        elig = df[ok].assign(_c=lambda d: d[ck].map(_nan_last))
-        elig = elig.sort_values(["_c", "margin"], ascending=[True, False])
+        ok = sim & df["meets_slo"].fillna(False).astype(bool)
+        if "cost_per_hour" not in df:
+            df["cost_per_hour"] = math.nan
+        elig = df[ok].assign(_c=lambda d: d["cost_per_hour"].map(_nan_last))
+        elig = elig.sort_values(["gpus", "_c", "margin"], ascending=[True, True, False])
         if len(elig):
             best = elig.iloc[0]
-            tied = elig.apply(lambda r: abs(r["_c"] - best["_c"]) < 1e-9 if math.isfinite(best["_c"])
-                              else not math.isfinite(r["_c"]), axis=1)
+            tied = elig.apply(lambda r: r["gpus"] == best["gpus"] and (
+                abs(r["_c"] - best["_c"]) < 1e-9 if math.isfinite(best["_c"]) else not math.isfinite(r["_c"])), axis=1)
             tied &= elig.apply(lambda r: _overlap(r["margin_ci_lo"], r["margin_ci_hi"],
                                                   best["margin_ci_lo"], best["margin_ci_hi"]), axis=1)
-            group = elig[tied].assign(tied_with_best=True).sort_values(["gpus", "margin"], ascending=[True, False])
+            group = elig[tied].assign(tied_with_best=True).sort_values(["margin"], ascending=[False])
             elig = pd.concat([group, elig[~tied]])
         elig = elig.drop(columns="_c")
         rest = df[~ok].assign(_s=lambda d: d["status"] != "ok").sort_values(["_s", "margin"],
@@ -109,7 +127,12 @@ def _ci(m: float, lo: float, hi: float, unit: str, pct: bool = False) -> str:
     return f"{f(m)} (95% CI {f(lo)} to {f(hi)})"
 
 
-def verdict(ranked: pd.DataFrame, mode: str, slo_text: str, rate_rps: float | None = None) -> str:
+def _money(v: float, unit: str) -> str:
+    return f"${v:,.2f}" if unit == "$" else f"{v:,.1f} GPU-hours"
+
+
+def verdict(ranked: pd.DataFrame, mode: str, slo_text: str, rate_rps: float | None = None,
+            unit_of: str = "GPU-hours") -> str:
     """One paragraph from a ranked table (`rank` output): which family wins, by how much, with
     the CI; differences inside the CIs are called ties, never "0% lower"."""
     top = ranked[ranked["rank"] == 1]
@@ -132,11 +155,10 @@ def verdict(ranked: pd.DataFrame, mode: str, slo_text: str, rate_rps: float | No
         if mode == "goodput":
             return f"{r['deployment']} at {_ci(r['goodput_rps'], r['goodput_ci_lo'], r['goodput_ci_hi'], unit)}"
         cost = float(r[ck]) if ck in r else math.nan
-        c = ("" if not math.isfinite(cost) else f", ${cost:,.0f} per million requests" if ck.startswith("cost")
-             else f", {cost:,.0f} GPU-hours per million requests")
-        g = r.get("goodput_rps")
-        if c and r.get("cost_basis") == "goodput" and isinstance(g, float) and math.isfinite(g):
-            c += f" at its goodput {g:.3g} req/s (first seed)"   # sim.studies.plan.goodputs_above
+        c = "" if not math.isfinite(cost) else f", {_money(cost, unit_of)} per million requests at the rate"
+        g, cg = r.get("goodput_rps"), r.get(COST_AT_GOODPUT)
+        if c and isinstance(g, float) and math.isfinite(g) and isinstance(cg, float) and math.isfinite(cg):
+            c += f" ({_money(cg, unit_of)} at its goodput {g:.3g} req/s, first seed)"  # sim.studies.plan.goodputs_above
         return f"{r['deployment']} with margin {_ci(r['margin'], r['margin_ci_lo'], r['margin_ci_hi'], '', True)}{c}"
 
     text = [head, f"Best: {describe(best)} ({fam})."]
@@ -155,8 +177,10 @@ def verdict(ranked: pd.DataFrame, mode: str, slo_text: str, rate_rps: float | No
             better = f"{gap:.2f} req/s ({rel:.0%}) more" if math.isfinite(rel) else f"{gap:.2f} req/s more"
         else:
             better = f"{100 * (best[key] - runner[key]):.1f} points more margin"
-            if best[ck] != runner[ck]:
-                better = "a lower cost per million requests"
+            if best["gpus"] != runner["gpus"]:
+                better = "fewer GPUs"
+            elif _nan_last(best.get("cost_per_hour")) != _nan_last(runner.get("cost_per_hour")):
+                better = "a lower cost per hour"
         one_seed = min(int(best.get("num_seeds", 2) or 2), int(runner.get("num_seeds", 2) or 2)) < 2
         if one_seed and not (mode == "goodput" and round(best[key] - runner[key], 2) == 0):
             text.append(f"{_cap(fam)} leads: {better} than the best {runner['family']} deployment, "
@@ -170,6 +194,6 @@ def verdict(ranked: pd.DataFrame, mode: str, slo_text: str, rate_rps: float | No
                         f"{describe(runner)}; the 95% CIs do not overlap.")
     if len(tied):
         text.append(f"{len(tied)} more deployment(s) are tied with the best"
-                    + (f" (including {', '.join(tied_fams)})" if tied_fams else "") + "; ties go to the lower cost, "
-                    "then fewer GPUs.")
+                    + (f" (including {', '.join(tied_fams)})" if tied_fams else "") +
+                    ("; ties go to the lower cost, then fewer GPUs." if mode == "goodput" else "."))
     return " ".join(text)

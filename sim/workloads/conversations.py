@@ -120,6 +120,9 @@ def build_conversation(params: Mapping[str, Any], *, seed: int, where: str) -> l
         specs[rid] = RequestSpec(rid, t, prompt, out, tuple(pieces))
         history[s] = pieces + [(output_piece(rid), out)]
     kept = [sp for sp in specs if sp is not None]
+    if not kept:  # (a run of no request would report NaN percentiles as "ok")
+        raise ConfigError(f"{where}: max_context_tokens = {max_ctx}: no session's first turn (message + reply) fits, "
+                          f"so the workload yields no request; allowed: a max_context_tokens above its first turns")
     if params.get("file") is not None and len(kept) < len(rows):
         # the file's turns past the context are not sent (the session ends there): said, as a change of the file
         said_change(f"{params.get('file')}: {len(rows) - len(kept)} turn(s) of {len(ended)} conversation(s) past "

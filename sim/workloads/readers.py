@@ -9,8 +9,9 @@ with `format` (default `auto`). Schemas (also in workloads/README.md):
   `arrival_format` = timestamp | seconds | milliseconds.
 - `mooncake`: JSONL, one object per line as Mooncake's traces and AIPerf's `mooncake_trace`
   input: `timestamp` (integer milliseconds since the trace start), `input_length`,
-  `output_length`, optional `hash_ids` (prefix-cache block ids; read and counted, not modelled:
-  the simulated server has no prefix cache). `arrival_format = "seconds"` for files in seconds.
+  `output_length`, optional `hash_ids` (prefix-cache block ids, one per 512 prompt tokens: the
+  request's prompt pieces, which engines with a prefix cache reuse; sim/engine/prefix_cache.py).
+  `arrival_format = "seconds"` for files in seconds.
 - `burstgpt`: BurstGPT CSV: `Timestamp` (seconds since the trace start), `Model`,
   `Request tokens`, `Response tokens`, `Total tokens`, `Log Type`. `filter = {Model = "ChatGPT",
   "Log Type" = "Conversation log"}` keeps matching rows (a value or a list of values).
