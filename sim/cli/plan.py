@@ -141,7 +141,8 @@ def add_commands(sub) -> None:
     p.add_argument("--verify", action="store_true",
                    help="re-simulate the recommended deployment (at the rate) and the three highest goodputs (at "
                         "theirs) with 10x the probe's requests (at least 5,000) and say whether each holds")
-    p.add_argument("--quick", action="store_true", help="at most 150 requests and a coarser search")
+    p.add_argument("--quick", action="store_true", help="at most 150 requests (more where a rate needs them to span the 30 s probe window) and a "
+                        "coarser search")
     p.add_argument("--out", default="runs/plan", help="output folder (default runs/plan)")
     p.add_argument("--json", default=None, metavar="PATH", help="also write the plan as JSON to PATH (a new file)")
     p.add_argument("--force", action="store_true", help="let --json replace an existing file")
