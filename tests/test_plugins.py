@@ -323,3 +323,29 @@ def test_the_api_page_examples_run(tmp_path):
     assert r.status == "ok" and all(q.finished for q in r.requests)
     assert {d[4] for d in r.decisions} == {"tpot"} and any(d[3] < 2048 for d in r.decisions)
     assert {m[3] for m in r.moves} == {"pause", "resume"}
+
+
+def test_plugin_engine_named_like_a_built_in_is_told_the_built_in_has_it(tmp_path):
+    # issue 40 item 15: a plug-in subclassing a built-in engine imports that engine's module while
+    # the plug-in loads; the built-in registered then was attributed to the plug-in, which was told
+    # its name is "taken (by file <itself>)". A fresh interpreter, so that the import happens there.
+    import os
+    import subprocess
+    import sys
+
+    plugin = write(tmp_path / "myeng.py", textwrap.dedent("""
+        from sim.engine.schedulers import schedulers
+        from sim.engine.schedulers.sglang import SGLangEngine
+
+        class Mine(SGLangEngine):
+            pass
+
+        schedulers.register("sglang")(Mine)
+        """))
+    env = dict(os.environ, PIPESIM_PURE="1")
+    out = subprocess.run([sys.executable, "-m", "sim.cli", "run", str(REPO / "experiments/configs/default.toml"),
+                          "--plugin", str(plugin), "--out", str(tmp_path / "o")],
+                         cwd=REPO, env=env, capture_output=True, text=True)
+    err = out.stderr.strip()
+    assert out.returncode == 2 and len(err.splitlines()) == 1, err
+    assert f"file {plugin}" in err and "'sglang' is already taken (by built-in)" in err, err

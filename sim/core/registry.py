@@ -36,10 +36,15 @@ def loading(origin: str) -> Iterator[None]:
 
 
 def origin_of(factory: Callable) -> str:
+    module = getattr(factory, "__module__", "") or ""
+    # PipeSim's own modules are built-in even when a plug-in's import is what loads them (a plug-in
+    # subclassing a built-in engine imports its module): else a plug-in registering a built-in's
+    # name would be told the name is taken by itself
+    if module == "sim" or module.startswith("sim."):
+        return BUILT_IN
     if _loading:
         return _loading[-1]
-    module = getattr(factory, "__module__", "") or ""
-    return BUILT_IN if module == "sim" or module.startswith("sim.") else f"module {module}"
+    return f"module {module}"
 
 
 # mypyc's TypeError when Python code subclasses a compiled class (sim/native.py): a plug-in that
