@@ -382,6 +382,20 @@ def test_a_conversation_plan_reports_requests_per_second():
     assert row["cost_per_million_at_goodput"] == pytest.approx(12 / 14400 * 1e6)
 
 
+def test_a_conversation_plans_header_says_its_rate_is_sessions(tmp_path, capsys, monkeypatch):
+    # the header, printed before the plan runs, named a conversation workload's --rate req/s
+    import sim.cli.plan as cli_plan
+
+    def stop(args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli_plan, "run_plan", stop)
+    main(["plan", "--model", "qwen2.5-32b", "--gpus", "4", "--workload", "chat-sessions", "--rate", "0.5",
+          "--quick", "--out", str(tmp_path / "p"), "--no-progress"])
+    rate_line = [line for line in capsys.readouterr().out.splitlines() if line.startswith("# rate:")]
+    assert rate_line and "0.5 sessions/s (Poisson)" in rate_line[0]
+
+
 def test_a_conversation_workload_without_a_request_is_an_error():
     from sim.core.errors import ConfigError
     from sim.workloads import build_workload_said

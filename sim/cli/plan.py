@@ -175,7 +175,11 @@ def cmd_plan(args) -> int:
     if getattr(args, "trace", None):  # (the trace replayed, not the --workload default)
         source = f"trace {args.trace}"
     slo_text = slo_from_specs(args.slo, SLO(ttft_ms=args.slo_ttft_ms, tpot_ms=args.slo_tpot_ms)).describe()
-    load = f"{args.rate:g} req/s (Poisson)" if getattr(args, "rate", None) else f"goodput search (Poisson), {rate} in the workload file"
+    from sim.workloads import resolve_workload
+
+    # a conversation workload's rate starts sessions (each several requests): its --rate is sessions/s
+    unit = "sessions/s" if resolve_workload({"name": args.workload})[0].get("kind") == "conversation" else "req/s"
+    load = f"{args.rate:g} {unit} (Poisson)" if getattr(args, "rate", None) else f"goodput search (Poisson), {rate} in the workload file"
     if getattr(args, "trace", None):
         load = f"the trace's own timestamps ({args.trace})"
     gpus_text = (f"up to {args.max_gpus} ({args.gpu or 'h100-sxm-80gb'}, {args.gpus_per_node} per node, "
