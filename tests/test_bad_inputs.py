@@ -86,7 +86,7 @@ CASES = [
      ["--set parallel.replicas=0", "replicas must be an integer in [1, 1024]"]),
     ("plan-unknown-model", ["plan", "--model", "nope", "--no-progress"], ["--model 'nope'", "allowed: qwen2.5-14b"]),
     ("plan-unknown-gpu", ["plan", "--gpu", "h100", "--no-progress"], ["--gpu 'h100'", "allowed: a100-pcie-40gb"]),
-    ("plan-zero-gpus", ["plan", "--gpus", "0", "--no-progress"], ["--gpus", "must be an integer in [1, 4096]"]),
+    ("plan-zero-gpus", ["plan", "--gpus", "0", "--no-progress"], ["--gpus", "must be an integer in [1, 256]"]),
     ("reproduce-unknown", ["reproduce", "fig99", "--out", "{tmp}/r"], ["unknown experiment 'fig99'", "allowed: fig1"]),
     ("reproduce-jobs", ["reproduce", "fig1", "--jobs", "-1", "--out", "{tmp}/r"], ["--jobs: must be an integer in [1, 4096]"]),
     ("workload-stats-unknown", ["workload", "stats", "nope"], ["workload 'nope' not found", "allowed: azure-code"]),
