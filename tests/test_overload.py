@@ -214,3 +214,29 @@ def test_a_context_length_beyond_the_models_is_refused(tmp_path, capsys):
     assert "context_length_tokens = 65536 exceeds the model's context length 32768" in err and "allowed: <= 32768" in err
     assert main(["run", str(REPO / "experiments/configs/default.toml"), "--set", "scheduler.context_length_tokens=32768",
                  "--set", "workload.num_requests=10", "--out", str(tmp_path / "ok")]) == 0
+
+
+def test_the_default_context_is_the_models_own_where_that_is_shorter():
+    # a model of 8,192 tokens with the config's context left at its default (16,384): the engines default to
+    # the model's own context, so the run does (max_req_len = context - 1 where the pool is larger)
+    from sim.core.config import DEFAULT_CONTEXT_TOKENS, config_from_table
+    from sim.engine.run import build_latency, pool_sizes
+
+    t = {"latency": {"kind": "profile", "profile": "profiles/a100-pcie-40gb/qwen2.5-32b/tp4"},
+         "parallel": {"tp": 4}, "workload": {"name": "sharegpt", "num_requests": 10}}
+    cfg = config_from_table(t)
+    assert cfg.scheduler.context_length_tokens == DEFAULT_CONTEXT_TOKENS
+    latency = build_latency(cfg)
+    kv, _, max_req_len, max_input = pool_sizes(cfg, latency)
+    assert kv > DEFAULT_CONTEXT_TOKENS and max_req_len == DEFAULT_CONTEXT_TOKENS - 1  # 32,768 > 16,384: unchanged
+    model = latency.profile.meta["model"]
+    own = model["context_length_tokens"]
+    try:  # (the profile object is cached per process: restored below)
+        model["context_length_tokens"] = 8192
+        kv, _, max_req_len, max_input = pool_sizes(cfg, latency)
+        assert max_req_len == 8191 and max_input == 8186
+        # a context set above the model's own is still refused
+        with pytest.raises(Exception, match="exceeds the model's context length 8192"):
+            pool_sizes(config_from_table({**t, "scheduler": {"context_length_tokens": 20000}}), latency)
+    finally:
+        model["context_length_tokens"] = own

@@ -47,6 +47,9 @@ MAX_TOKENS = 1 << 20  # chunk and context lengths (1M tokens)
 MAX_SECONDS = 1e7  # horizons and latencies (115 days)
 
 
+DEFAULT_CONTEXT_TOKENS = 16384  # [scheduler] context_length_tokens when a config leaves it out
+
+
 def bounded(default, lo=None, hi=None, *, integer: bool = False, lo_open: bool = False):
     """A config field whose value must be a finite number in [lo, hi] (`lo_open`: (lo, hi]);
     the one gate for config numbers (`sim.core.checks.number`) reads these bounds."""
@@ -94,7 +97,9 @@ class SchedulerConfig:
     # 0: the engine's default token budget per step (FastPP's 2048; SGLang's chunked_prefill_size
     # and vLLM's max_num_batched_tokens by GPU memory), resolved when the run starts
     chunk_size_tokens: int = bounded(0, 0, MAX_TOKENS, integer=True)
-    context_length_tokens: int = bounded(16384, 8, MAX_TOKENS, integer=True)
+    # the artifact's --context-length; a model whose own context is shorter gets its own instead
+    # (SGLang and vLLM default to the model's; sim/engine/run.py pool_sizes)
+    context_length_tokens: int = bounded(DEFAULT_CONTEXT_TOKENS, 8, MAX_TOKENS, integer=True)
     # the share of GPU memory the engine may use (SGLang's mem_fraction_static, vLLM's
     # gpu_memory_utilization); None: the engine's default (FastPP 0.9; SGLang's by GPU memory)
     mem_fraction: float | None = bounded(None, 0, 1, lo_open=True)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import simpy
 
-from sim.core.config import RunConfig
+from sim.core.config import DEFAULT_CONTEXT_TOKENS, RunConfig
 from sim.engine.lockstep import Lockstep, LockstepChunkPolicy, LockstepGuard, LockstepRebalancer
 from sim.engine.pipeline import Inbox, Pipeline, SLOGuard
 from sim.engine.records import IterationLog
@@ -118,7 +118,10 @@ def pool_sizes(cfg: RunConfig, latency, eng=None, settings: EngineSettings | Non
     vLLM: its gpu_memory_utilization share less the activations of a full step)."""
     sc = cfg.scheduler
     model_ctx = getattr(getattr(latency, "profile", None), "context_length", None)
-    if model_ctx and sc.context_length_tokens > model_ctx:  # (a prompt beyond it is cut to the context, warned)
+    ctx = sc.context_length_tokens
+    if model_ctx and ctx > model_ctx and ctx == DEFAULT_CONTEXT_TOKENS:
+        ctx = model_ctx  # the default never exceeds the model's own context (the engines default to it)
+    elif model_ctx and ctx > model_ctx:  # (a prompt beyond the context is cut to it, warned)
         raise ConfigError(f"config [scheduler] context_length_tokens = {sc.context_length_tokens} exceeds the model's "
                           f"context length {model_ctx} (profile {cfg.latency.profile}: [model] context_length_tokens); "
                           f"allowed: <= {model_ctx}")
@@ -143,12 +146,12 @@ def pool_sizes(cfg: RunConfig, latency, eng=None, settings: EngineSettings | Non
         raise ConfigError(f"config [scheduler] mem_fraction = {frac}: the model does not fit in GPU "
                           f"memory at pp = {cfg.parallel.pp}, tp = {cfg.parallel.tp} (profile {cfg.latency.profile}: "
                           f"KV pool <= 0 tokens); allowed: {larger}")
-    max_num_reqs = min(max(int(kv / sc.context_length_tokens * 512), 2048), 4096)
+    max_num_reqs = min(max(int(kv / ctx * 512), 2048), 4096)
     if settings is not None and settings.engine.startswith("vllm"):
         max_running = settings.max_running  # max_num_seqs: a count limit, not derived from the pool
     else:
         max_running = sc.max_running_requests or min(kv // 2, max_num_reqs + 1)
-    max_req_len = min(sc.context_length_tokens - 1, kv - 1)
+    max_req_len = min(ctx - 1, kv - 1)
     if max_req_len - 5 < 1:
         # SGLang's limits (scheduler.py: max_req_len = min(context_len - 1, max_total_num_tokens - 1),
         # max_req_input_len = max_req_len - 5): a pool this small holds no prompt at all, and every
