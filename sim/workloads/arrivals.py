@@ -32,6 +32,7 @@ import math
 
 from sim.core.errors import ConfigError
 from sim.core.lazy import lazy
+from sim.workloads.base import poisson_arrivals
 
 np = lazy("numpy")  # imported on first use (sim/core/lazy.py)
 
@@ -40,13 +41,8 @@ RAMPS = ("linear", "exponential")
 
 
 def poisson(num: int, rate_rps: float, rng) -> "np.ndarray":
-    """SGLang's: first at 0, then exponential gaps (sim.workloads.base.poisson_arrivals)."""
-    if num <= 0:
-        return np.zeros(0)
-    if math.isinf(rate_rps):
-        return np.zeros(num)
-    gaps = rng.exponential(1.0 / rate_rps, size=num - 1)
-    return np.concatenate([[0.0], np.cumsum(gaps)])
+    """SGLang's: first at 0, then exponential gaps: the artifact's draw, which SGLang's client kept."""
+    return poisson_arrivals(num, rate_rps, rng)
 
 
 def gamma(num: int, rate_rps: float, burstiness: float, rng) -> "np.ndarray":
