@@ -134,6 +134,18 @@ class Scheduler:
             return [r for r in running if not r.finished], (ctx, left, top)
         return [r for r in running if not r.finished], None
 
+    def _drop_finished(self, slot: Slot) -> list[Req]:
+        """The slot's running requests without the finished ones (`_live`); when some finished, the
+        batch is no longer full (a request left) and the list's sampled summary moves to the copy."""
+        assert slot.running is not None
+        live, known = self._live(slot)
+        if len(live) < len(slot.running):
+            self.batch_is_full = False
+            if known is not None:  # (the finished ones had no context or tokens left)
+                slot.sampled = live
+                slot.summary = (known[0], 0, known[1], known[2])
+        return live
+
     def _alloc_decode(self, reqs: list[Req], what: str, now_s: float,
                       known: tuple[int, int, int] | None = None) -> tuple[int, int, int]:
         """One KV slot per decode request (prepare_for_decode), checked once for the batch.
@@ -169,13 +181,7 @@ class Scheduler:
         self._retire(slot)
         if rebalance is not None and (slot.running or self.pending):
             if slot.running:
-                live, known = self._live(slot)
-                if len(live) < len(slot.running):
-                    self.batch_is_full = False
-                    if known is not None:  # (the finished ones had no context or tokens left)
-                        slot.sampled = live
-                        slot.summary = (known[0], 0, known[1], known[2])
-                slot.running = live
+                slot.running = self._drop_finished(slot)
             for move in rebalance(slot_idx):
                 self._apply_move(slot, move)
         mb = self._prefill_batch(slot, now_s)

@@ -109,12 +109,8 @@ class SGLangScheduler(CachedScheduler):
         if slot.running:
             # get_next_batch_to_run filters the running batch every step, before the prefill
             # adder: a request that finished clears the flag this step, not after a decode step
-            live, known = self._live(slot)
+            live = self._drop_finished(slot)
             if len(live) < len(slot.running):
-                self.batch_is_full = False
-                if known is not None:  # (the finished ones had no context or tokens left)
-                    slot.sampled = live
-                    slot.summary = (known[0], 0, known[1], known[2])
                 slot.running = live
         if not slot.running:
             # scheduler.py `_get_new_batch_prefill_raw`: an empty running batch has no request
