@@ -15,16 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.fuzzing import invoke
-
-REPO = Path(__file__).resolve().parents[1]
-DEFAULT = str(REPO / "experiments" / "configs" / "default.toml")
-SMALL = ["--set", "workload.num_requests=10"]
-
-
-def one_line(err: str) -> str:
-    lines = [ln for ln in err.strip().splitlines() if not ln.startswith("ppsim: warning:")]
-    assert len(lines) == 1, err
-    return lines[0]
+from tests.test_hostile import DEFAULT, REPO, SMALL, one_line  # noqa: F401  (the first round's helpers)
 
 
 # ---------------------------------------------------------------- 2. a KV pool smaller than one request
