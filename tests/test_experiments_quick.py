@@ -29,6 +29,7 @@ COLUMNS = {
     "fig11_cdf.csv": ["model", "workload", "scheme", "quantile", "iter_ms"],
     "fig12.csv": ["model", "workload", "scheme", "slo_scale", "goodput_rps"],
     "fig13.csv": ["case", "scheme", "metric", "stat", "value_ms"],
+    "fig13_length.csv": ["num_requests", "scheme", "metric", "ratio", "ci_lo", "ci_hi", "min", "max", "num_runs"],
     "fig14.csv": ["scheme", "tpot_slo_ms", "slo_attainment", "finished_within_60s"],
     "table1.csv": ["predictor", "mape_pct", "predict_us"],
     "busbw.csv": ["workload", "scheme", "busbw_gbps", "fitted", "goodput_rps", "goodput_ci_lo", "goodput_ci_hi"],
