@@ -28,7 +28,8 @@ sys.path.insert(0, str(ROOT))
 
 from sim.profiling.aic import AIC_DIR, SYSTEMS, AicData, aic_dir, build_aic_profile, package_version  # noqa: E402
 from sim.profiling.build import TPS  # noqa: E402
-from sim.profiling.specs import allowed_tps, fits_somewhere, load_gpu, load_model, model_names  # noqa: E402
+from sim.latency.hardware import load_gpu  # noqa: E402
+from sim.profiling.specs import allowed_tps, fits_somewhere, load_model, model_names  # noqa: E402
 
 GPUS = ("h100-sxm-80gb", "h200-sxm", "b200-sxm")
 DTYPES = (("bf16", "bf16"), ("fp8", "fp8"))

@@ -42,7 +42,7 @@ from sim.profiling.kernels import (Arch, elementwise_bytes_per_token, fit_attent
                                  level_oracle_errors, rel_err_summary, VIDUR_OP,
                                  ELEMENTWISE_OPS)
 from sim.profiling.profile_io import fit_alpha_beta  # noqa: E402
-from sim.profiling.specs import gpu_names, load_gpu  # noqa: E402
+from sim.latency.hardware import gpu_names, load_gpu  # noqa: E402
 
 DEFAULT_DATA = REPO.parent / "shared" / "data"
 DEFAULT_OUT = REPO / "profiles" / "kernels"

@@ -28,7 +28,8 @@ sys.path.insert(0, str(REPO))
 from sim.latency.base import BatchStats  # noqa: E402
 from sim.profiling.build import build_profile  # noqa: E402
 from sim.latency.profiled import Profile, ProfiledLatencyModel  # noqa: E402
-from sim.profiling.specs import load_gpu, load_interconnect, load_model  # noqa: E402
+from sim.latency.hardware import load_gpu, load_interconnect  # noqa: E402
+from sim.profiling.specs import load_model  # noqa: E402
 
 MODELS = ("qwen2.5-32b", "qwen2.5-14b")
 TPS = (1, 2, 4)

@@ -93,8 +93,9 @@ def test_custom_allreduce_below_vllms_max_size_nccl_at_and_above(h200):
 def test_fp8_memory_arithmetic(tmp_path, h200):
     from sim.latency.profiled import Profile, kv_capacity_tokens
     from sim.profiling.aic import build_aic_profile
-    from sim.profiling.cluster import kv_transfer_bytes, model_of_profile
-    from sim.profiling.specs import load_gpu, load_model
+    from sim.latency.cluster import kv_transfer_bytes, model_of_profile
+    from sim.latency.hardware import load_gpu
+    from sim.profiling.specs import load_model
 
     model, gpu = load_model("llama-3.1-8b"), load_gpu("h200-sxm")
     build_aic_profile(model, gpu, 1, tmp_path / "fp8", weight_dtype="fp8", kv_dtype="fp8", aic=h200)
@@ -125,7 +126,8 @@ def test_fp8_memory_arithmetic(tmp_path, h200):
 
 def test_provenance_and_the_shipped_library_rebuilds_byte_for_byte(tmp_path, h200):
     from sim.profiling.aic import AIC_DIR, aic_dir, build_aic_profile, package_version
-    from sim.profiling.specs import load_gpu, load_model
+    from sim.latency.hardware import load_gpu
+    from sim.profiling.specs import load_model
 
     gpu, model = load_gpu("h200-sxm"), load_model("llama-3.1-8b")
     prof = build_aic_profile(model, gpu, 2, tmp_path / "p", weight_dtype="fp8", kv_dtype="fp8", compact=True,
@@ -161,7 +163,8 @@ def test_sglang_tables_and_its_custom_allreduce(tmp_path):
     """--engine sglang: SGLang 0.5.14's own GEMM, attention (fa3 on Hopper) and custom all-reduce tables, with
     SGLang's rule (_MAX_CAR_SIZE = 8 MiB, the same as vLLM's)."""
     from sim.profiling.aic import AicData, build_aic_profile
-    from sim.profiling.specs import load_gpu, load_model
+    from sim.latency.hardware import load_gpu
+    from sim.profiling.specs import load_model
 
     sg = AicData("h200_sxm", "sglang")
     assert sg.version == "0.5.14" and sg.attention_kernels() == ("fa3", "fa3")

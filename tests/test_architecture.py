@@ -25,9 +25,8 @@ LAYERS: dict[str, tuple[int, tuple[str, ...]]] = {
     "sim.workloads": (1, ()),
     "sim.latency": (1, ()),
     "sim.policies": (1, ()),
-    "sim.engine": (2, ("sim.profiling.cluster",)),  # the engine places ranks on a cluster (ARCHITECTURE.md)
+    "sim.engine": (2, ()),
     "sim.profiling": (2, ()),
-    "sim.profiling.cluster": (2, ("sim.profiling",)),
     "sim.outputs": (3, ()),
     "sim.studies": (4, ()),
     "experiments": (5, ()),
@@ -108,6 +107,8 @@ def test_imports_point_downward_only():
     ("sim.engine.run", "from sim.studies.sweep import Runner"),          # engine -> studies
     ("sim.engine.pipeline", "    from sim.outputs.metrics import summarize"),  # engine -> outputs, in a function
     ("sim.latency.profiled", "from sim.profiling import build"),         # run-time latency -> profile tool chain
+    ("sim.latency.cluster", "from sim.profiling.specs import ModelArch"),  # the cluster's costs -> tool chain
+    ("sim.engine.cluster", "from sim.profiling.specs import load_gpu"),  # engine -> its sibling profile tool chain
     ("sim.latency.base", "import sim.cli"),                              # latency -> CLI
     ("sim.core.config", "from sim.policies import chunk_policies"),      # core -> a plug-in kind
     ("sim.policies.greedy", "from sim.engine.view import BatchInfo"),    # policies -> engine at run time

@@ -16,7 +16,8 @@ import pytest
 
 from sim.core import fsio
 from sim.profiling.build import build_profile
-from sim.profiling.specs import load_gpu, load_interconnect, load_model
+from sim.latency.hardware import load_gpu, load_interconnect
+from sim.profiling.specs import load_model
 from sim.profiling.vidur_import import import_vidur
 from sim.workloads import fit_lengths
 from tests.fuzzing import invoke

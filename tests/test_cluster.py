@@ -1,4 +1,4 @@
-"""The cluster model (sim/profiling/cluster.py): network files, the [cluster] table, placement, and the cost
+"""The cluster model (sim/latency/cluster.py): network files, the [cluster] table, placement, and the cost
 functions checked against hand calculations whose arithmetic is written out in the comments."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 
 from conftest import REPO
 from sim.core.errors import ConfigError, DataError
-from sim.profiling.cluster import (NETWORK_CITED, ClusterModel, ClusterSpec, GpuSlot, IntraNodeLink, PoolShape,
+from sim.latency.cluster import (NETWORK_CITED, ClusterModel, ClusterSpec, GpuSlot, IntraNodeLink, PoolShape,
                                    cluster_from_table, kv_flows, kv_heads_of_shard, kv_transfer_bytes,
                                    load_cluster, load_cluster_model, load_network, network_from_table,
                                    network_names, place, place_replicas, same_node)

@@ -17,7 +17,7 @@ from sim.engine.cluster import InstanceComm, cluster_model, cluster_spec
 from sim.engine.run import build_latency, run
 from sim.latency.base import BatchStats
 from sim.outputs.metrics import requests_frame, summarize
-from sim.profiling.cluster import GpuSlot, place_replicas
+from sim.latency.cluster import GpuSlot, place_replicas
 
 L8 = "profiles/built/h100-sxm-80gb/llama-3.1-8b"
 L405 = "profiles/built/h100-sxm-80gb/llama-3.1-405b/tp8"
@@ -88,7 +88,7 @@ def test_cross_node_pp_send_by_hand():
 
 def test_tp_spanning_nodes_all_reduces_over_the_network():
     # TP8 on nodes of 4 GPUs: the group spans nodes 0-1; each of the 32 layers' two all-reduces of
-    # 512 x 4096 x 2 B = 4,194,304 B runs NCCL's ring over NDR (sim/profiling/cluster.py, hand-checked in
+    # 512 x 4096 x 2 B = 4,194,304 B runs NCCL's ring over NDR (sim/latency/cluster.py, hand-checked in
     # tests/test_cluster.py): its cost replaces the profile's NVSwitch all-reduce
     base, placed, comm = _latency(8, 1, 2, 4)
     assert comm.one_node == (False,) and comm.spans_nodes

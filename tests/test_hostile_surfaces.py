@@ -309,7 +309,7 @@ def test_network_file_numbers_are_bounded_above_and_below(key, value):
     import tomllib
 
     from sim.core.errors import DataError
-    from sim.profiling.cluster import NETWORKS_DIR, network_from_table
+    from sim.latency.cluster import NETWORKS_DIR, network_from_table
 
     table = tomllib.loads((NETWORKS_DIR / "ib-ndr.toml").read_text())
     network_from_table("ib-ndr", table, "ib-ndr.toml")  # (as shipped: fine)

@@ -229,7 +229,7 @@ def test_build_kernels_check_reproduces_committed_data():
 def test_attention_scaling_ratios_agree_with_the_datasheets(family, gpu):
     """The measured GEMM time ratios behind the scaled attention agree with the peak-FLOPs and HBM-bandwidth
     ratios of the GPU TOMLs (A100 80GB SXM as the reference) within 15%."""
-    from sim.profiling.specs import load_gpu
+    from sim.latency.hardware import load_gpu
 
     att = KernelModel.load(family).meta["attention"]
     ref, g = load_gpu("a100-sxm-80gb"), load_gpu(gpu)

@@ -290,7 +290,7 @@ def test_splits_use_built_profiles_for_tp8_and_say_why_weights_do_not_fit():
 def test_gpus_beyond_a_node_are_placed_on_nodes(tmp_path, capsys):
     from sim.studies.plan import cluster_table, nodes_used
 
-    # placement in order, each TP group inside a node (sim.profiling.cluster.place)
+    # placement in order, each TP group inside a node (sim.latency.cluster.place)
     assert nodes_used(8, [("colocated", 1, 8, 2)]) == 2       # TP8 x PP2: a stage per node
     assert nodes_used(8, [("colocated", 4, 4, 1)]) == 2
     assert nodes_used(8, [("colocated", 2, 8, 2)]) == 4

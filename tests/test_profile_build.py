@@ -14,8 +14,8 @@ from sim.core.errors import DataError
 from sim.profiling.build import BUILT_DIR, build_profile, built_dir
 from sim.profiling.library import built_profile_lines, check_weights, resolve_profile
 from sim.latency.profiled import Profile, ProfiledLatencyModel
-from sim.profiling.specs import (gpu_names, interconnect_names, load_gpu, load_interconnect, load_model,
-                               model_from_hf_config, model_names, weights_gib_per_gpu)
+from sim.latency.hardware import gpu_names, interconnect_names, load_gpu, load_interconnect
+from sim.profiling.specs import load_model, model_from_hf_config, model_names, weights_gib_per_gpu
 
 HF = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_act": "silu", "hidden_size": 2048,
       "intermediate_size": 8192, "num_hidden_layers": 16, "num_attention_heads": 32, "num_key_value_heads": 8,

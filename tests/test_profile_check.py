@@ -20,7 +20,8 @@ from sim.latency.analysis import OVERRIDE_RANGES, load_model, with_overrides
 from sim.latency.base import BatchStats
 from sim.latency.physics import GROWTH_BOUND, MFU_BOUND, check_profile
 from sim.latency.profiled import Profile, ProfiledLatencyModel
-from sim.profiling.specs import load_gpu, load_interconnect, model_names
+from sim.latency.hardware import load_gpu, load_interconnect
+from sim.profiling.specs import model_names
 
 P32 = REPO / "profiles" / "a100-pcie-40gb" / "qwen2.5-32b"
 L8 = REPO / "profiles" / "built" / "a100-sxm-80gb" / "llama-3.1-8b" / "tp1"

@@ -340,7 +340,7 @@ examples:
 
 def cmd_build(args) -> int:
     from sim.profiling.build import BUILT_DIR, build_all, build_profile, resolve_model
-    from sim.profiling.specs import load_gpu, load_interconnect
+    from sim.latency.hardware import load_gpu, load_interconnect
 
     if args.data != "aic" and (args.engine or args.weight_dtype or args.kv_dtype):
         raise PipeSimError("profile build: --engine, --weight-dtype and --kv-dtype need --data aic (the vidur "
@@ -419,7 +419,7 @@ examples:
 
 def shipped_profile_dirs() -> list[Path]:
     """Every shipped profile: profiles/<gpu>/<model>/tp<T>/ and profiles/built/**/tp<T>/."""
-    from sim.profiling.specs import PROFILES
+    from sim.latency.hardware import PROFILES
 
     return sorted(p.parent for p in PROFILES.rglob("meta.toml") if p.parent.name.startswith("tp"))
 
@@ -430,7 +430,8 @@ def _check_one(path: Path, args):
 
     prof = Profile.load(path)
     if args.gpu:
-        from sim.profiling.specs import load_gpu, load_interconnect, roofline_section
+        from sim.latency.hardware import load_gpu, load_interconnect
+        from sim.profiling.specs import roofline_section
 
         gpu = load_gpu(args.gpu)
         ic = load_interconnect(args.interconnect or gpu.default_interconnect)

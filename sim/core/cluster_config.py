@@ -12,7 +12,7 @@ costs every stage-to-stage send and all-reduce by where its ranks sit):
     nics_per_node = 8         # optional (default: the network file's NICs per GPU)
 
 Here only its shape is checked (the keys, the counts, that the names are strings): the names are checked
-against the spec folders by `sim.profiling.cluster.cluster_from_table` when the run starts (this layer
+against the spec folders by `sim.latency.cluster.cluster_from_table` when the run starts (this layer
 reads no spec files).
 
 `[disaggregation]` splits the deployment into a prefill pool and a decode pool (sim/engine/disagg.py):

@@ -2,7 +2,7 @@
 the communication each instance's stages pay where their ranks sit.
 
 The deployment (`[parallel]` replicas x TP x PP, or the two pools of `[disaggregation]`) is placed with
-`sim.profiling.cluster.place`: each TP group inside one node when it fits, stages and instances one after
+`sim.latency.cluster.place`: each TP group inside one node when it fits, stages and instances one after
 another over the nodes. Each instance then gets its own latency model, whose communication is costed by
 where its ranks sit (`InstanceComm`, the `placement` hook of `sim.latency.profiled.ProfiledLatencyModel`):
 
@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from sim.core.errors import ConfigError
-from sim.profiling.cluster import (ClusterModel, ClusterSpec, GpuSlot, Placement, PoolShape, cluster_from_table,
+from sim.latency.cluster import (ClusterModel, ClusterSpec, GpuSlot, Placement, PoolShape, cluster_from_table,
                                    load_cluster_model, place, profile_hardware)
 
 

@@ -4,7 +4,7 @@ other over the cluster's links.
 
 Each instance is the co-located engine's own `Pipeline` and FastPP scheduler (any TP x PP: PP inside
 either pool works), placed on the `[cluster]` with the two pools one after the other
-(`sim.profiling.cluster.place`); its stages' sends and all-reduces are costed by where they sit
+(`sim.latency.cluster.place`); its stages' sends and all-reduces are costed by where they sit
 (sim/engine/cluster.py). A request's life:
 
 1. **Routing.** When it arrives, a router per pool picks its prefill instance and its decode instance
@@ -95,7 +95,7 @@ from sim.engine.schedulers.fastpp import Scheduler
 from sim.engine.state import FINISHED, RUNNING, Req
 from sim.policies import PolicyContext
 from sim.policies.guards import build_chunk_policy
-from sim.profiling.cluster import PoolShape, kv_transfer_bytes, model_of_profile
+from sim.latency.cluster import PoolShape, kv_transfer_bytes, model_of_profile
 
 np = lazy("numpy")
 
@@ -194,7 +194,7 @@ def same_model_and_gpu(pool_cfgs: dict[str, RunConfig]) -> None:
     with one model's shapes and the cluster placed for one GPU (the decode pool's profile), so
     heterogeneous pools (Splitwise-style) are not modelled; each pool may differ only in TP/PP."""
     from sim.engine.run import load_profile_cached
-    from sim.profiling.cluster import model_of_profile
+    from sim.latency.cluster import model_of_profile
 
     seen = {}
     for name in POOLS:

@@ -52,7 +52,7 @@ profile without the section is the plain table model above):
 
 On a cluster (`placement`, set by sim/engine/cluster.py from a run's `[cluster]` table): a PP send to a
 stage on another node, and the all-reduces and logits all-gather of a TP group spanning nodes, are costed
-by the cluster's network model instead (sim/profiling/cluster.py); inside a node the profile's own model
+by the cluster's network model instead (sim/latency/cluster.py); inside a node the profile's own model
 above applies, so a one-node placement gives the same stage times bit for bit.
 
 TP (tp > 1) also pays SGLang's all-gather of the vocabulary-parallel logits before sampling, on

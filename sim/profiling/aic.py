@@ -63,7 +63,8 @@ from sim.profiling.build import (DEFAULT_OVERHEAD, LAYER_COLS, COMPACT_COLS, BEY
                                  gpu_scaling, render_attention_csv)
 from sim.profiling.kernels import (ELEMENTWISE_OPS, GEMM_OPS, Arch, elementwise_bytes_per_token, fit_nnls_rel,
                                    gemm_shapes)
-from sim.profiling.specs import PROFILES, GpuSpec, ModelArch
+from sim.latency.hardware import PROFILES, GpuSpec
+from sim.profiling.specs import ModelArch
 
 PACKAGE = "aiconfigurator-core"
 MODULE = "aiconfigurator_core"

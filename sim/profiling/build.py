@@ -35,8 +35,9 @@ np = lazy("numpy")
 from sim.core import fsio, tomlio
 from sim.core.errors import DataError
 from sim.profiling.kernels import GEMM_OPS, KernelModel, gemm_shapes
-from sim.profiling.specs import (PROFILES, GpuSpec, Interconnect, ModelArch, load_gpu, load_interconnect,
-                               load_model, roofline_section)
+from sim.latency.hardware import (PROFILES, GpuSpec, Interconnect, comm_model, fits_file, load_gpu,
+                                  load_interconnect)
+from sim.profiling.specs import ModelArch, load_model, roofline_section
 
 LAYER_COLS = ["qkv_proj", "o_proj", "gate_up_proj", "down_proj", "act", "rope", "rmsnorm_x2", "residual_add",
               "linear_ms", "layer_nonattn_ms"]
@@ -65,20 +66,11 @@ def ground_truth_section(gpu: GpuSpec) -> dict:
     return gt
 
 
-def _fits_file(name: str) -> dict:
-    """[[fit]] entries (param -> entry) and [lookup] of a calibration output in profiles/."""
-    path = PROFILES / name
-    if not path.is_file():
-        return {"fit": {}, "lookup": {}}
-    raw = tomllib.loads(path.read_text())
-    return {"fit": {f["param"]: f for f in raw.get("fit", [])}, "lookup": raw.get("lookup", {})}
-
-
 def gpu_scaling(gpu: GpuSpec) -> tuple[dict, list[dict]]:
     """(values: s_mem, s_comp, lookup, cpu_ms, status, source; [[fit]] records) for a GPU."""
     sc = gpu.scaling
     if "calibration" in sc:
-        fits = _fits_file(sc["calibration"])
+        fits = fits_file(sc["calibration"])
         fit = fits["fit"]
         vals = {"s_mem": fit.get("s_mem", {}).get("value", 1.25), "s_comp": fit.get("s_comp", {}).get("value", 1.10),
                 "cpu_ms": fit.get("cpu_ms", {}).get("value", 2.0), "lookup": fits["lookup"].get("mode", "grid"),
@@ -92,85 +84,6 @@ def gpu_scaling(gpu: GpuSpec) -> tuple[dict, list[dict]]:
     records = [{"param": p, "value": vals[p], "status": vals["status"], "target": "", "achieved": "",
                 "residual": ""} for p in ("s_mem", "s_comp", "cpu_ms")]
     return vals, records
-
-
-def cap_at_link(vals: dict, how: str, records: list[dict], link_gbps: float, ic: Interconnect,
-                family: str) -> tuple[dict, str, list[dict]]:
-    """Bandwidths no faster than the link (a fit or a borrowed value above it is not physical, e.g. an
-    all-reduce fit of another GPU family): capped at `link_gbps` and said so in the derivation."""
-    capped = []
-    for key in ("p2p_bw_gbps", "allreduce_busbw_gbps"):
-        if vals[key] > link_gbps:
-            capped.append(f"{key} {vals[key]:g} GB/s capped at the link's {link_gbps:g} GB/s per direction "
-                          f"(profiles/interconnects/{ic.name}.toml [link], {family})")
-            vals[key] = link_gbps
-            records = [dict(r, value=link_gbps, status=f"{r.get('status', '')}; capped at the link bandwidth")
-                       if r.get("param") == key else r for r in records]
-    return vals, how + ("; " + "; ".join(capped) if capped else ""), records
-
-
-def comm_model(ic: Interconnect, km: KernelModel, tp: int) -> tuple[dict, str, list[dict]]:
-    """([comm] alpha-beta values, derivation text, [[fit]] records) of an interconnect for a GPU family,
-    every bandwidth at most the link's (`cap_at_link`)."""
-    vals, how, records = _comm_model(ic, km, tp)
-    return cap_at_link(vals, how, records, ic.link_bw(km.family), ic, km.family)
-
-
-def _comm_model(ic: Interconnect, km: KernelModel, tp: int) -> tuple[dict, str, list[dict]]:
-    if ic.families and km.family not in ic.families:
-        raise DataError(f"--interconnect {ic.name!r}: no data for {km.family} GPUs; allowed for this GPU: "
-                        f"{', '.join(allowed_interconnects(km))}")
-    if ic.kind == "fixed":
-        vals = {k: float(ic.values[k]) for k in ("p2p_alpha_us", "p2p_bw_gbps", "allreduce_alpha_us",
-                                                  "allreduce_busbw_gbps")}
-        records = []
-        how = f"{ic.name}: fixed alpha-beta values of profiles/interconnects/{ic.name}.toml ({ic.source})"
-        if ic.calibration:
-            fit = _fits_file(ic.calibration)["fit"]
-            for p in ("allreduce_busbw_gbps", "allreduce_alpha_us"):
-                if p in fit:
-                    vals[p] = float(fit[p]["value"])
-                    records.append({**fit[p], "record": f"profiles/{ic.calibration}"})
-            how += f"; all-reduce from profiles/{ic.calibration}"
-        return vals, how, records
-    fam = km.family
-    table = km.meta.get("comm", {}).get(ic.name)
-    notes = []
-    if table is None or not any(k.startswith("all_reduce_") for k in table):
-        alt = ic.fallback_family.get(fam)
-        if alt is None:
-            raise DataError(f"--interconnect {ic.name!r}: no measured collectives for {fam} GPUs")
-        alt_table = KernelModel.load(alt).meta.get("comm", {}).get(ic.name, {})
-        notes.append(f"all-reduce borrowed from the {alt} fit (no {fam} all-reduce measured)")
-        merged = dict(alt_table)
-        merged.update({k: v for k, v in (table or {}).items() if k == "send_recv"})
-        table = merged
-    sr = table["send_recv"]
-    ns = sorted(int(k.rsplit("_", 1)[1]) for k in table if k.startswith("all_reduce_"))
-    n = tp if tp in ns else max(ns)
-    if tp > 1 and n != tp:
-        notes.append(f"TP{tp} uses the {n}-GPU all-reduce fit (largest group measured): extrapolated")
-    ar = table[f"all_reduce_{n}"]
-    vals = {"p2p_alpha_us": sr["alpha_us"], "p2p_bw_gbps": sr["bw_gbps"], "allreduce_alpha_us": ar["alpha_us"],
-            "allreduce_busbw_gbps": ar["busbw_gbps"]}
-    how = (f"{ic.name}: alpha-beta fits of measured NCCL tables ({', '.join(table.get('sources', []))}), "
-           f"profiles/kernels/{fam}.toml [comm.{ic.name}]; send_recv 2 GPUs, all-reduce {n} GPUs"
-           + ("; " + "; ".join(notes) if notes else ""))
-    status = "fitted to measured collectives (alpha-beta)" + (" (" + "; ".join(notes) + ")" if notes else "")
-    records = [{"param": p, "value": vals[p], "status": status, "target": "", "achieved": "", "residual": ""}
-               for p in ("allreduce_busbw_gbps", "allreduce_alpha_us", "p2p_bw_gbps", "p2p_alpha_us")]
-    return vals, how, records
-
-
-def allowed_interconnects(km: KernelModel) -> list[str]:
-    from sim.profiling.specs import interconnect_names
-
-    out = []
-    for name in interconnect_names():
-        ic = load_interconnect(name)
-        if not ic.families or km.family in ic.families:
-            out.append(name)
-    return out
 
 
 def _fmt(x: float) -> str:
@@ -225,7 +138,7 @@ def build_profile(model: ModelArch, gpu: GpuSpec, ic: Interconnect, tp: int, out
 
     model.check_tp(tp)
     km = KernelModel.load(gpu.kernel_data)
-    comm, comm_how, comm_records = comm_model(ic, km, tp)
+    comm, comm_how, comm_records = comm_model(ic, km.family, tp, km.meta)
     scaling, scale_records = gpu_scaling(gpu)
     arch = model.kernel_arch
     layer = km.layer_table(arch, tp)
@@ -355,7 +268,8 @@ def built_dir(root: Path, gpu: GpuSpec, ic_name: str, model: str, tp: int) -> Pa
 def build_all(root: Path = BUILT_DIR, progress: bool = True) -> list[Path]:
     """Every shipped model x GPU (its default interconnect) x TP in {1,2,4,8} that is allowed and fits
     on at most 8 GPUs."""
-    from sim.profiling.specs import allowed_tps, fits_somewhere, gpu_names, model_names
+    from sim.latency.hardware import gpu_names
+    from sim.profiling.specs import allowed_tps, fits_somewhere, model_names
 
     jobs = []
     for g in gpu_names():

@@ -25,7 +25,8 @@ from pathlib import Path
 
 from sim.core.errors import DataError
 from sim.profiling.build import AIC_FAMILY, BUILT_DIR, build_profile, built_dir
-from sim.profiling.specs import (PROFILES, check_weights_fit, load_gpu, load_interconnect, load_model, model_names)
+from sim.latency.hardware import PROFILES, load_gpu, load_interconnect
+from sim.profiling.specs import check_weights_fit, load_model, model_names
 
 # Hand-built profile folders: (gpu, interconnect) -> folder under profiles/.
 HAND_BUILT = {("a100-pcie-40gb", "pcie-p2p-disabled"): "a100-pcie-40gb",

@@ -241,7 +241,8 @@ def _write_files(out: Path, *, cfg: dict, layer: pd.DataFrame, prefill: dict, de
                         "source": "tokens: the grid of layer_nonattn.csv"}
     if prof.get("gpu_spec"):
         # [roofline] (profiles/FORMAT.md): the run-time floor and `ppsim profile check`, from the spec files
-        from sim.profiling.specs import load_gpu, load_interconnect, roofline_section
+        from sim.latency.hardware import load_gpu, load_interconnect
+        from sim.profiling.specs import roofline_section
 
         g = load_gpu(str(prof["gpu_spec"]))
         ic = load_interconnect(str(prof.get("interconnect", g.default_interconnect)))

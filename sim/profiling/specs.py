@@ -1,12 +1,13 @@
-"""Model architectures, GPUs and interconnects as data (profiles/models, profiles/gpus, profiles/interconnects).
+"""Model architectures as data (profiles/models), and what a profile needs of its GPU and interconnect (the
+roofline section, whether the weights fit). GPUs and interconnects themselves are read by
+`sim.latency.hardware` (a run reads them too, to cost a cluster's links).
 
 - `ModelArch`: a dense decoder-only transformer (layers, hidden, FFN, q/KV heads, head dim, vocabulary,
   gated MLP, QKV bias, tied embeddings, dtype bytes), read from `profiles/models/<name>.toml` or parsed
   offline from a Hugging Face `config.json` (`model_from_hf_config`; MoE and missing fields are refused
   with a one-line error naming the field).
-- `GpuSpec`: memory, HBM bandwidth, BF16 peak, the kernel-data family it uses and the scaling applied when
-  that data comes from a sibling SKU (e.g. A100 80GB data for an A100 40GB PCIe).
-- `Interconnect`: how TP all-reduces and PP sends are costed (alpha-beta), and where the numbers come from.
+- `base_gpu`, `roofline_section`: the GPU a kernel-data family was measured on, a profile's `[roofline]`.
+- `check_weights_fit`, `fits_somewhere`: whether a TP x PP split holds the weights.
 
 Readers raise `DataError` (one line, file and field named); nothing here times anything.
 """
@@ -14,18 +15,16 @@ Readers raise `DataError` (one line, file and field named); nothing here times a
 from __future__ import annotations
 
 import json
-import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from sim.core.errors import DataError
-from sim.profiling.kernels import Arch
 from sim.core.tomlio import read_toml
+from sim.latency.cluster import allowed_tps_of, check_tp_of
+from sim.latency.hardware import PROFILES, GpuSpec, Interconnect, gpu_names, load_gpu
+from sim.profiling.kernels import Arch
 
-PROFILES = Path(__file__).resolve().parents[2] / "profiles"
 MODELS_DIR = PROFILES / "models"
-GPUS_DIR = PROFILES / "gpus"
-INTERCONNECTS_DIR = PROFILES / "interconnects"
 GIB = 1 << 30
 
 DENSE_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
@@ -77,14 +76,11 @@ class ModelArch:
 
     def check_tp(self, tp: int, where: str = "--tp") -> None:
         """TP must divide the query heads, and divide or be a multiple of the KV heads (SGLang replicates)."""
-        if tp < 1 or self.num_q_heads % tp or (self.num_kv_heads % tp and tp % self.num_kv_heads):
-            raise DataError(f"{where} {tp}: does not divide the heads of {self.name} ({self.num_q_heads} q / "
-                            f"{self.num_kv_heads} kv heads); allowed: "
-                            f"{', '.join(str(t) for t in allowed_tps(self))}")
+        check_tp_of(self.name, self.num_q_heads, self.num_kv_heads, tp, where)
 
 
 def allowed_tps(m: ModelArch, candidates=(1, 2, 4, 8)) -> list[int]:
-    return [t for t in candidates if not m.num_q_heads % t and (not m.num_kv_heads % t or not t % m.num_kv_heads)]
+    return allowed_tps_of(m.num_q_heads, m.num_kv_heads, candidates)
 
 
 MODEL_INT_KEYS = ("num_layers", "hidden_size", "intermediate_size", "num_q_heads", "num_kv_heads", "head_dim",
@@ -197,122 +193,6 @@ def model_from_hf_config(path: str | Path, name: str | None = None) -> ModelArch
         for ours, theirs in hf_to_ours.items():
             msg = msg.replace(f"field {ours!r}", f"field {theirs!r}")
         raise DataError(msg) from None
-
-
-# -- GPUs and interconnects ----------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class GpuSpec:
-    name: str
-    display: str
-    memory_gib: float           # usable capacity
-    m_init_gib: float           # free memory before weights load (SGLang's profile_max_num_token)
-    hbm_bw_gbps: float
-    bf16_tflops: float
-    kernel_data: str            # profiles/kernels/<kernel_data>.toml
-    default_interconnect: str
-    scaling: dict = field(default_factory=dict)    # s_mem, s_comp, lookup, cpu_ms, status, source / calibration
-    source: str = ""
-    sm_count: int = 0           # streaming multiprocessors (0: not given)
-    fp8_tflops: float = 0.0     # dense FP8 tensor-core peak (0: not given / not supported)
-    fp4_tflops: float = 0.0     # dense FP4 tensor-core peak (0: not given / not supported)
-    nvlink_gbps: float = 0.0    # per-direction NVLink bandwidth of one GPU (0: not given)
-
-    def peak_tflops(self, dtype: str) -> float:
-        """The dense tensor-core peak for GEMMs in `dtype` ("bf16", "fp8", "fp4"); a one-line DataError when the
-        GPU's spec does not give it."""
-        val = {"bf16": self.bf16_tflops, "fp8": self.fp8_tflops, "fp4": self.fp4_tflops}.get(dtype, 0.0)
-        if not val:
-            raise DataError(f"profiles/gpus/{self.name}.toml [gpu]: no {dtype}_tflops (dense {dtype.upper()} peak); "
-                            f"{self.display} has no {dtype} tensor cores in its spec")
-        return val
-
-
-def _spec_table(folder: Path, name: str, table: str, flag: str, what: str, names) -> tuple[Path, dict, dict]:
-    """(path, whole file, its [table]) of the spec `folder/<name>.toml`, or a one-line DataError."""
-    path = folder / f"{name}.toml"
-    if not path.is_file():
-        raise DataError(f"{flag} {name!r}: unknown {what}; allowed: {', '.join(names())}")
-    cfg = read_toml(path, DataError)
-    sec = cfg.get(table)
-    if not isinstance(sec, dict):
-        raise DataError(f"{path}: missing table [{table}]")
-    return path, cfg, sec
-
-
-def gpu_names() -> list[str]:
-    return sorted(p.stem for p in GPUS_DIR.glob("*.toml"))
-
-
-def load_gpu(name: str) -> GpuSpec:
-    path, cfg, g = _spec_table(GPUS_DIR, name, "gpu", "--gpu", "GPU", gpu_names)
-    where = f"{path} [gpu]"
-    nums = {}
-    for key in ("memory_gib", "m_init_gib", "hbm_bw_gbps", "bf16_tflops"):
-        v = g.get(key)
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
-            raise DataError(f"{where}: field {key!r} must be a finite number > 0, got {v!r}")
-        nums[key] = float(v)
-    for key in ("kernel_data", "default_interconnect", "display"):
-        if not isinstance(g.get(key), str):
-            raise DataError(f"{where}: field {key!r} must be a string")
-    for key in ("fp8_tflops", "fp4_tflops", "nvlink_gbps"):
-        v = g.get(key, 0.0)
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
-            raise DataError(f"{where}: field {key!r} must be a finite number >= 0, got {v!r}")
-        nums[key] = float(v)
-    sms = g.get("sm_count", 0)
-    if isinstance(sms, bool) or not isinstance(sms, int) or sms < 0:
-        raise DataError(f"{where}: field 'sm_count' must be a positive integer, got {sms!r}")
-    return GpuSpec(name=name, display=g["display"], kernel_data=g["kernel_data"],
-                   default_interconnect=g["default_interconnect"], scaling=dict(cfg.get("scaling", {})),
-                   source=str(g.get("source", "")), sm_count=sms, **nums)
-
-
-@dataclass(frozen=True)
-class Interconnect:
-    name: str
-    description: str
-    kind: str                   # "fixed" (alpha-beta values here) or "measured" (fits in profiles/kernels)
-    values: dict                # kind = fixed: p2p_alpha_us, p2p_bw_gbps, allreduce_alpha_us, allreduce_busbw_gbps
-    families: tuple[str, ...]   # kernel-data families it exists for (empty: any)
-    fallback_family: dict       # family -> family whose measurements stand in for a missing op
-    source: str = ""
-    calibration: str = ""
-    link_bw_gbps: dict = field(default_factory=dict)   # kernel family -> per-direction GB/s between two GPUs
-    link_source: str = ""
-
-    def link_bw(self, family: str, where: str = "") -> float:
-        """The per-direction bandwidth (GB/s) of the fastest link between two GPUs of `family`: the
-        communication floor."""
-        if family not in self.link_bw_gbps:
-            raise DataError(f"profiles/interconnects/{self.name}.toml [link]: no bw_gbps for {family} GPUs{where}; "
-                            f"present: {', '.join(sorted(self.link_bw_gbps)) or 'none'}")
-        return float(self.link_bw_gbps[family])
-
-
-def interconnect_names() -> list[str]:
-    return sorted(p.stem for p in INTERCONNECTS_DIR.glob("*.toml"))
-
-
-def load_interconnect(name: str) -> Interconnect:
-    path, cfg, ic = _spec_table(INTERCONNECTS_DIR, name, "interconnect", "--interconnect", "interconnect",
-                                interconnect_names)
-    kind = ic.get("kind")
-    if kind not in ("fixed", "measured"):
-        raise DataError(f"{path} [interconnect]: field 'kind' must be 'fixed' or 'measured', got {kind!r}")
-    link = cfg.get("link", {})
-    bws = link.get("bw_gbps", {}) if isinstance(link, dict) else None
-    if not isinstance(bws, dict) or not bws:
-        raise DataError(f"{path} [link]: field 'bw_gbps' must be a table of kernel family = GB/s per direction")
-    for fam, v in bws.items():
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
-            raise DataError(f"{path} [link]: field 'bw_gbps.{fam}' must be a finite number > 0, got {v!r}")
-    return Interconnect(name=name, description=str(ic.get("description", "")), kind=kind,
-                        values=dict(cfg.get("alpha_beta", {})), families=tuple(ic.get("families", ())),
-                        fallback_family=dict(ic.get("fallback_family", {})), source=str(ic.get("source", "")),
-                        calibration=str(ic.get("calibration", "")), link_bw_gbps=dict(bws),
-                        link_source=str(link.get("source", "")))
 
 
 def base_gpu(family: str) -> GpuSpec:

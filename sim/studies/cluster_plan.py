@@ -10,7 +10,7 @@ Candidates
   static-2048), behind a least-loaded router.
 - Disaggregated: P prefill instances of a shape with a chunk policy + D decode instances of a shape
   (`[disaggregation]`, sim/engine/disagg.py; `--kv-transfer`, `--first-token`), least-loaded routers.
-  Every deployment is placed on the nodes in order (sim/profiling/cluster.py), so its `nodes` and its
+  Every deployment is placed on the nodes in order (sim/latency/cluster.py), so its `nodes` and its
   cross-node sends are those of the placement.
 
 The search, with its stated bounds (each candidate's row says which one decided it)
@@ -206,7 +206,7 @@ class ClusterPlan:
         self.policies = list(args.policies)
         self.rows: list[dict] = []
         self.pruned = 0
-        from sim.profiling.cluster import ClusterSpec, profile_hardware
+        from sim.latency.cluster import ClusterSpec, profile_hardware
 
         self._hw: dict[str, tuple] = {}
         self._nodes: dict[tuple, int] = {}
@@ -215,7 +215,7 @@ class ClusterPlan:
 
     # -- tables --------------------------------------------------------------------------------------------
     def nodes_of(self, pools: list[tuple[str, int, Shape]]) -> int:
-        from sim.profiling.cluster import PoolShape, place
+        from sim.latency.cluster import PoolShape, place
 
         key = tuple(pools)
         if key in self._nodes:
@@ -576,7 +576,7 @@ def run_cluster_plan(args) -> tuple[pd.DataFrame, dict]:
     """`ppsim plan --rate R --max-gpus N` (module docstring): the plan table (ranked) and its metadata."""
     from sim.core.config import parse_override
     from sim.core.slo import slo_from_specs
-    from sim.profiling.cluster import load_network
+    from sim.latency.cluster import load_network
     from sim.studies.plan import family_dir, parse_prices, plan_load
 
     slo = sustained(slo_from_specs(args.slo, SLO(ttft_ms=args.slo_ttft_ms, tpot_ms=args.slo_tpot_ms)))

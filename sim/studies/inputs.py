@@ -71,8 +71,8 @@ def input_files(table: dict) -> list[Path]:
             pp_ = pp_ if pp_.is_absolute() else REPO_ROOT / pp_
             files += [pp_ / f for f in PROFILE_FILES]
     cl = table.get("cluster") if isinstance(table.get("cluster"), dict) else None
-    if cl is not None:  # the network's numbers, the interconnect's and GPU's specs (sim/profiling/cluster.py)
-        from sim.profiling.specs import PROFILES
+    if cl is not None:  # the network's numbers, the interconnect's and GPU's specs (sim/latency/cluster.py)
+        from sim.latency.hardware import PROFILES
 
         files.append(PROFILES / "networks" / f"{cl.get('network')}.toml")
         for key, folder in (("interconnect", "interconnects"), ("gpu", "gpus")):
@@ -130,7 +130,7 @@ def input_digest(table: dict) -> str:
 
 
 def _gpu_peak_flops(meta: dict) -> float | None:
-    from sim.profiling.specs import gpu_names, load_gpu
+    from sim.latency.hardware import gpu_names, load_gpu
 
     prof = meta.get("profile", {})
     name = prof.get("gpu_spec")

@@ -387,8 +387,8 @@ def deployment_table(workload: dict, profile: str, replicas: int, tp: int, pp: i
 
 def nodes_used(gpus_per_node: int, pools: list[tuple[str, int, int, int]]) -> int:
     """The nodes of `gpus_per_node` GPUs that pools of (name, instances, TP, PP) take when placed in order
-    (sim.profiling.cluster.place: each TP group inside one node when it fits)."""
-    from sim.profiling.cluster import ClusterSpec, PoolShape, place
+    (sim.latency.cluster.place: each TP group inside one node when it fits)."""
+    from sim.latency.cluster import ClusterSpec, PoolShape, place
 
     spec = ClusterSpec(1 << 20, gpus_per_node, "", "", "")
     return place(spec, [PoolShape(n, k, tp, pp) for n, k, tp, pp in pools]).nodes_used
@@ -561,7 +561,7 @@ def run_plan(args) -> tuple[pd.DataFrame, dict]:
     gpn = getattr(args, "gpus_per_node", None) or 8
     network = getattr(args, "network", None) or "ib-ndr"
     if args.gpus > gpn:
-        from sim.profiling.cluster import load_network
+        from sim.latency.cluster import load_network
 
         load_network(network)  # one-line error naming the allowed networks
         if not args.gpu and (args.interconnect or "pcie") == "both":

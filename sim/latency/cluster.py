@@ -1,5 +1,6 @@
 """The cluster model: nodes of GPUs joined by an inter-node network, where each rank of a deployment sits,
 and what moving bytes between two ranks costs (issue 34's foundation; the engine and the planner use it).
+A run reads it as it reads its profile (layer 1: it imports only sim/core and sim/latency/hardware.py).
 
 What it models
 - `NetworkSpec` (`profiles/networks/<name>.toml`, `load_network`): an inter-node fabric per NIC (line rate,
@@ -14,7 +15,7 @@ What it models
   not fit is not used by a later, smaller one.
 - Costs (`ClusterModel`, pure, seconds):
   - inside a node, the interconnect's alpha-beta model exactly as profiles use it
-    (`sim.profiling.build.comm_model`: measured NCCL fits for NVSwitch / NVLink pairs, fixed or calibrated
+    (`sim.latency.hardware.comm_model`: measured NCCL fits for NVSwitch / NVLink pairs, fixed or calibrated
     values for PCIe);
   - across nodes, `alpha + bytes / (per-GPU share of the node's achievable NIC bandwidth)`, alpha = NCCL's
     Simple-protocol base and network-step latencies (8.4 + 14.0 us) + the file's link latency. A GPU's share
@@ -35,7 +36,7 @@ What it models
     x dtype_bytes x tokens`; each TP shard holds `kv_heads / tp` heads when `kv_heads >= tp`, else one head
     replicated `tp / kv_heads` times (as SGLang and vLLM shard it). `kv_transfer_time_s` sends each
     destination shard's heads from a source shard that holds them, all pairs in parallel, each GPU's link
-    serialising its own flows.
+    serialising its own flows (`ProfileModel`: a profile's `[model]` shapes, `model_of_profile`).
 
 Each cost here is one transfer alone; the engine queues transfers on shared links (sim/engine/disagg.py
 keeps each link's busy-until time). Not modelled: switch hops and oversubscription of the fabric,
@@ -56,11 +57,12 @@ from collections import Counter
 from dataclasses import dataclass
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from sim.core.errors import ConfigError, DataError
 from sim.core.tomlio import read_toml
-from sim.profiling.specs import PROFILES, ModelArch, gpu_names, interconnect_names, load_gpu, load_interconnect
+from sim.latency.hardware import (PROFILES, comm_model, family_meta, gpu_names, interconnect_names, load_gpu,
+                                  load_interconnect)
 
 NETWORKS_DIR = PROFILES / "networks"
 NETWORK_KINDS = ("infiniband", "roce", "efa")
@@ -423,12 +425,39 @@ def place_replicas(spec: ClusterSpec, replicas: int, tp: int, pp: int, pool: str
 
 # -- KV cache ----------------------------------------------------------------------------------------------------
 
-def _check_tp(model: ModelArch, tp: int, where: str) -> None:
+def allowed_tps_of(num_q_heads: int, num_kv_heads: int, candidates: Sequence[int] = (1, 2, 4, 8)) -> list[int]:
+    """The TP degrees that divide the query heads and divide or are a multiple of the KV heads."""
+    return [t for t in candidates if not num_q_heads % t and (not num_kv_heads % t or not t % num_kv_heads)]
+
+
+def check_tp_of(name: str, num_q_heads: int, num_kv_heads: int, tp: int, where: str = "--tp") -> None:
+    """TP must divide the query heads, and divide or be a multiple of the KV heads (SGLang replicates)."""
+    if tp < 1 or num_q_heads % tp or (num_kv_heads % tp and tp % num_kv_heads):
+        raise DataError(f"{where} {tp}: does not divide the heads of {name} ({num_q_heads} q / "
+                        f"{num_kv_heads} kv heads); allowed: "
+                        f"{', '.join(str(t) for t in allowed_tps_of(num_q_heads, num_kv_heads))}")
+
+
+class KvModel(Protocol):
+    """What KV transfers need of a model: a profile's `[model]` (`ProfileModel`) or a model file
+    (`sim.profiling.specs.ModelArch`)."""
+    name: str
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
+
+    @property
+    def kv_bytes(self) -> int: ...
+
+    def check_tp(self, tp: int, where: str = "--tp") -> None: ...
+
+
+def _check_tp(model: KvModel, tp: int, where: str) -> None:
     # check_tp raises DataError; a bad TP here is a bad deployment, reported the same way
     model.check_tp(tp, where)
 
 
-def _layers(model: ModelArch, num_layers: int | None) -> int:
+def _layers(model: KvModel, num_layers: int | None) -> int:
     if num_layers is None:
         return model.num_layers
     if isinstance(num_layers, bool) or not isinstance(num_layers, int) or not 1 <= num_layers <= model.num_layers:
@@ -443,7 +472,7 @@ def _tokens(num_tokens: int) -> int:
     return num_tokens
 
 
-def kv_heads_of_shard(model: ModelArch, tp: int, tp_rank: int) -> range:
+def kv_heads_of_shard(model: KvModel, tp: int, tp_rank: int) -> range:
     """The KV heads TP rank `tp_rank` holds: a 1/tp slice when kv_heads >= tp, else one head that
     tp / kv_heads ranks hold alike (replicated)."""
     h = model.num_kv_heads
@@ -454,7 +483,7 @@ def kv_heads_of_shard(model: ModelArch, tp: int, tp_rank: int) -> range:
     return range(head, head + 1)
 
 
-def kv_transfer_bytes(model: ModelArch, num_tokens: int, tp: int, num_layers: int | None = None) -> int:
+def kv_transfer_bytes(model: KvModel, num_tokens: int, tp: int, num_layers: int | None = None) -> int:
     """Bytes of K and V that ONE TP shard holds for `num_tokens` tokens over `num_layers` layers (default all):
     2 x layers x (kv_heads / tp, or 1 when kv_heads < tp: replicated) x head_dim x KV bytes per element (kv_dtype_bytes, else dtype_bytes) x tokens."""
     _check_tp(model, tp, "KV transfer tp")
@@ -462,7 +491,7 @@ def kv_transfer_bytes(model: ModelArch, num_tokens: int, tp: int, num_layers: in
     return 2 * _layers(model, num_layers) * heads * model.head_dim * model.kv_bytes * _tokens(num_tokens)
 
 
-def kv_flows(model: ModelArch, num_tokens: int, src_tp: int, dst_tp: int,
+def kv_flows(model: KvModel, num_tokens: int, src_tp: int, dst_tp: int,
              num_layers: int | None = None) -> dict[tuple[int, int], int]:
     """{(source TP rank, destination TP rank): bytes}: each destination shard gets its heads from a source
     shard that holds them (replicated heads from the holders in turn, to spread the load)."""
@@ -504,16 +533,14 @@ class IntraNodeLink:
 
 def intra_node_link(gpu: str, interconnect: str, gpus_per_node: int) -> IntraNodeLink:
     """Read the interconnect's alpha-beta values for `gpu` (measured fits or fixed values), group sizes
-    2..gpus_per_node. Reads profiles/kernels/<family>.toml through the profile builder's own function."""
-    from sim.profiling.build import comm_model
-    from sim.profiling.kernels import KernelModel
-
-    km = KernelModel.load(load_gpu(gpu).kernel_data)
+    2..gpus_per_node: the function profiles are built with, on profiles/kernels/<family>.toml."""
+    family = load_gpu(gpu).kernel_data
+    meta = family_meta(family)
     ic = load_interconnect(interconnect)
     fits, how = [], ""
     p2p = (0.0, 1.0)
     for n in range(2, max(2, gpus_per_node) + 1):
-        vals, how, _ = comm_model(ic, km, n)
+        vals, how, _ = comm_model(ic, family, n, meta)
         fits.append((n, float(vals["allreduce_alpha_us"]), float(vals["allreduce_busbw_gbps"])))
         p2p = (float(vals["p2p_alpha_us"]), float(vals["p2p_bw_gbps"]))
     return IntraNodeLink(interconnect, p2p[0], p2p[1], tuple(fits), nvlink=interconnect == "nvswitch", how=how)
@@ -637,7 +664,7 @@ class ClusterModel:
             best = min(best, lat_us * 1e-6 + moved / (bw * 1e9))
         return best
 
-    def kv_transfer_time_s(self, model: ModelArch, num_tokens: int, src: Sequence[GpuSlot],
+    def kv_transfer_time_s(self, model: KvModel, num_tokens: int, src: Sequence[GpuSlot],
                            dst: Sequence[GpuSlot], num_layers: int | None = None) -> float:
         """Ship the KV of `num_tokens` tokens (over `num_layers` layers, default all) from the TP group `src`
         to the TP group `dst` (TP-rank order; the two TP degrees may differ). All pairs move in parallel;
@@ -664,7 +691,7 @@ class ClusterModel:
         alpha, bw = self._pair(src, dst)
         return alpha, bw, "intra" if same_node(src, dst) else "net"
 
-    def kv_transfer_links(self, model: ModelArch, num_tokens: int, src: Sequence[Sequence[GpuSlot]],
+    def kv_transfer_links(self, model: KvModel, num_tokens: int, src: Sequence[Sequence[GpuSlot]],
                           dst: Sequence[Sequence[GpuSlot]], src_layers: Sequence[int],
                           dst_layers: Sequence[int]) -> tuple[float, dict[tuple[str, GpuSlot, str], float]]:
         """The KV of `num_tokens` tokens from one pipeline instance to another: `src[s]` is the TP group of
@@ -732,7 +759,29 @@ def profile_hardware(meta: dict, folder: str | Path) -> tuple[str | None, str | 
     return (gpu if isinstance(gpu, str) else None), (ic if isinstance(ic, str) else None)
 
 
-def model_of_profile(meta: dict, where: str) -> ModelArch:
+@dataclass(frozen=True)
+class ProfileModel:
+    """A profile's `[model]` shapes: what a KV transfer and the check that two pools serve one model need."""
+    name: str
+    num_layers: int
+    hidden_size: int
+    num_q_heads: int
+    num_kv_heads: int
+    head_dim: int
+    vocab_size: int
+    intermediate_size: int = 0
+    dtype_bytes: int = 2
+    kv_dtype_bytes: int = 0            # bytes per KV-cache element (0: dtype_bytes)
+
+    @property
+    def kv_bytes(self) -> int:
+        return self.kv_dtype_bytes or self.dtype_bytes
+
+    def check_tp(self, tp: int, where: str = "--tp") -> None:
+        check_tp_of(self.name, self.num_q_heads, self.num_kv_heads, tp, where)
+
+
+def model_of_profile(meta: dict, where: str) -> ProfileModel:
     """The model architecture a profile's `[model]` section describes (what KV transfers need)."""
     m = meta.get("model")
     if not isinstance(m, dict):
@@ -744,7 +793,7 @@ def model_of_profile(meta: dict, where: str) -> ModelArch:
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise DataError(f"{where} [model]: field {key!r} must be an integer >= 1, got {v!r}")
         vals[key] = v
-    return ModelArch(name=name, intermediate_size=int(m.get("intermediate_size", 0) or 0),
+    return ProfileModel(name=name, intermediate_size=int(m.get("intermediate_size", 0) or 0),
                      dtype_bytes=int(m.get("dtype_bytes", 2)),
                      kv_dtype_bytes=int(m.get("kv_dtype_bytes", 0) or 0), **vals)
 
