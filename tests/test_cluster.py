@@ -318,8 +318,15 @@ def test_allreduce_by_hand(ndr2):
     # (LL128: 81.8 us + 2,013,265,920 / (0.92 x 338.78e9) = 6.541 ms; LL: capped at 39 GB/s, 51.7 ms)
     moved = 2 * 15 / 16 * (1 << 30)
     assert ndr2.allreduce_time_s(1 << 30, sixteen) == pytest.approx(155.2e-6 + moved / 338.78e9)
-    # 8 KiB: LL wins: 6.6 + 4 x (2.7 + 0.6) + 26 x max(0.6, 1.0) = 45.8 us, + 15,360 / 39e9 = 0.394 us
-    assert ndr2.allreduce_time_s(8192, sixteen) == pytest.approx(45.8e-6 + 15_360 / 39e9)
+    assert ndr2.allreduce_choice(1 << 30, sixteen)[:2] == ("ring", "Simple")
+    # (tree Simple: 2 x (7 x 28 + (28 + 0.6)) = 449.2 us + 2^30 / (0.5 x 0.92 x 338.78e9) = 7.339 ms: slower)
+    # 8 KiB: NCCL's tree with LL wins (tuning.cc): 6.8 + 2 x (7 x 0.6 + log2(2) x (5.0 + 0.6)) = 26.4 us;
+    # bandwidth min(338.78 x 0.92 / 3.8 = 82.02, llMaxBw 39) x 0.5 x treeCorrectionFactor[LL][log2(8192 / 64) = 7]
+    # 0.7 = 13.65 GB/s -> 26.4 us + 8192 / 13.65e9 = 27.000 us; the best ring (LL) takes
+    # 6.6 + 4 x (2.7 + 0.6) + 26 x max(0.6, 1.0) = 45.8 us + 15,360 / 39e9 = 46.19 us
+    assert ndr2.allreduce_choice(8192, sixteen) == ("tree", "LL", pytest.approx(26.4e-6 + 8192 / 13.65e9))
+    assert ndr2.allreduce_time_s(8192, sixteen) == pytest.approx(27.0e-6, abs=1e-9)
+    assert ndr2.allreduce_choice(1 << 20, eight)[:2] == ("fit", "")      # one node: the measured fit
     # more expensive than inside one node
     assert ndr2.allreduce_time_s(1 << 20, sixteen) > ndr2.allreduce_time_s(1 << 20, eight)
 

@@ -88,7 +88,7 @@ def test_cross_node_pp_send_by_hand():
 
 def test_tp_spanning_nodes_all_reduces_over_the_network():
     # TP8 on nodes of 4 GPUs: the group spans nodes 0-1; each of the 32 layers' two all-reduces of
-    # 512 x 4096 x 2 B = 4,194,304 B runs NCCL's ring over NDR (sim/latency/cluster.py, hand-checked in
+    # 512 x 4096 x 2 B = 4,194,304 B runs NCCL's fastest algorithm over NDR (sim/latency/cluster.py, hand-checked in
     # tests/test_cluster.py): its cost replaces the profile's NVSwitch all-reduce
     base, placed, comm = _latency(8, 1, 2, 4)
     assert comm.one_node == (False,) and comm.spans_nodes

@@ -26,12 +26,28 @@ What it models
   - a PP stage boundary (`stage_send_time_s`): each TP rank sends its 1/TP slice of the activation to its
     peer in the next stage, all at once, and the receiving TP group all-gathers the slices (vLLM's and
     SGLang's `send_tensor_dict(..., all_gather_group=<TP group>)`);
-  - a ring all-reduce over ranks on several nodes follows NCCL's own cost model (NVIDIA/nccl
-    src/graph/tuning.cc at commit b6475625fbcaa2c3c0e50eed2fa1255d7514d4a2: `baseLat`, `hwLat`, net
-    overhead, LL's bandwidth cap; the cheapest of the LL, LL128 and Simple protocols, as NCCL picks):
-    `latency + 2(n-1)/n x bytes / bus bandwidth`, the bus bandwidth the smaller of the intra-node fit and the
-    group's NIC bandwidth on its thinnest node (n_g GPUs there x per-GPU share: 8 x 24 = 192 GB/s on two
-    DGX A100s, as NVIDIA measured, nccl issue 812). Tree, NVLS and SHARP algorithms are not modelled.
+  - an all-reduce over ranks on several nodes follows NCCL's own cost model (NVIDIA/nccl
+    src/graph/tuning.cc at commit b6475625fbcaa2c3c0e50eed2fa1255d7514d4a2, `ncclTopoTuneModel` and
+    `ncclTopoGetAlgoTime`) and takes, as NCCL's tuner does per message size, the fastest of the ring and
+    tree algorithms, each with the LL, LL128 (NVLink nodes only) and Simple protocols
+    (`allreduce_choice` says which):
+    - ring: `baseLat + 2 nNodes x (hwLat[NET] + link latency) + (2(n-1) - 2 nNodes) x max(hwLat[NVLink or
+      PCI], net overhead) + 2(n-1)/n x bytes / bus bandwidth`, the bus bandwidth the smaller of the
+      intra-node fit and the group's NIC bandwidth on its thinnest node (n_g GPUs there x per-GPU share:
+      8 x 24 = 192 GB/s on two DGX A100s, as NVIDIA measured, nccl issue 812), x 1/4 for LL (capped at
+      `llMaxBws`) and x 0.92 for LL128;
+    - tree (NCCL's double binary tree across nodes, a chain inside each): `baseLat[Tree] + 2 x ((n/nNodes - 1)
+      x hwLat[Tree][NVLink or PCI] + log2(nNodes) x (hwLat[Tree][NET] + link latency)) + bytes / (0.5 x
+      bus bandwidth x 0.92 x protocol factor x treeCorrectionFactor)`: the same bus bandwidth (NCCL starts
+      both algorithms from one graph bandwidth on 2 nodes), x 0.92 for the tree, / 3.8 for LL (capped at
+      `llMaxBws`), x 120/128 for LL128; the correction factor by message size (powers of two from 64 B)
+      is NCCL's own. Small messages take the tree (its latency grows with log2 of the nodes, the ring's
+      with every rank), large ones the ring (the tree's bandwidth term is 0.92 x its correction lower).
+    Not taken over: the channel count (LL128's and the tree's per-channel bandwidth caps, the ring's
+    1.4x "plateau" latency above 64 B per channel and rank), the tree's 0.85 for an unbalanced tree pattern,
+    Simple's second link latency ("flush"), NVLS / NVLS-tree (NVLink SHARP) and CollNet (SHARP switches),
+    which need switch features the network files do not describe. AIConfigurator's NCCL tables measure 2-8
+    GPUs inside one node only, so they say nothing about the choice across nodes.
   - KV cache of a prompt (`kv_transfer_bytes`): K and V of every layer, `2 x layers x KV heads x head_dim
     x dtype_bytes x tokens`; each TP shard holds `kv_heads / tp` heads when `kv_heads >= tp`, else one head
     replicated `tp / kv_heads` times (as SGLang and vLLM shard it). `kv_transfer_time_s` sends each
@@ -103,10 +119,42 @@ NCCL_PROTOCOLS = (
 )
 SIMPLE = NCCL_PROTOCOLS[2]
 # Not taken over from tuning.cc: LL128's per-channel bandwidth caps (the channel count is not modelled) and the
-# Tree / CollNet / NVLS algorithms; NCCL may pick those on 2 nodes, where its bus bandwidth can exceed line rate.
+# CollNet / NVLS algorithms; NCCL may pick those on 2 nodes, where its bus bandwidth can exceed line rate.
 NCCL_NET_OVERHEAD_US = 1.0      # Intel x86 host (AMD: 2.0); the Intel value is an assumption about the host
 # llMaxBws for an Intel host: LL's bus bandwidth cap on 2 nodes and on more (GB/s)
 NCCL_LL_MAX_BUSBW_GBPS = {2: 39.0, 3: 20.4}
+
+
+@dataclass(frozen=True)
+class NcclTreeProtocol:
+    name: str
+    base_us: float              # baseLat[Tree][p]
+    net_step_us: float          # hwLat[NET][Tree][p]: per tree level across nodes
+    nvlink_step_us: float       # hwLat[NVLINK][Tree][p]: per chain step inside a node over NVLink
+    pci_step_us: float          # hwLat[PCI][Tree][p]
+    busbw_factor: float         # after the tree's 0.92: LL / 3.8, LL128 x 120/128 on several nodes
+    correction: tuple[float, ...]   # treeCorrectionFactor[p]: x the bandwidth at 64 B, 128 B, ... 256 MiB
+    needs_nvlink: bool
+
+
+NCCL_TREE_PROTOCOLS = (
+    NcclTreeProtocol("LL", 6.8, 5.0, 0.6, 1.0, 1 / 3.8,
+                     (1.0, 1.0, 1.0, 1.0, .9, .8, .7, .7, .7, .7, .6, .5, .4, .4, .5, .6, .7, .8, .9, 1.0, 1.0, 1.0,
+                      1.0), False),
+    NcclTreeProtocol("LL128", 14.0, 8.5, 1.25, 1.9, 120 / 128,
+                     (1.0, 1.0, 1.0, 1.0, 1.0, .9, .8, .8, .8, .7, .6, .6, .6, .6, .6, .6, .8, .9, .9, .9, .9, 1.0,
+                      1.0), True),
+    NcclTreeProtocol("Simple", 0.0, 28.0, 28.0, 28.0, 1.0,
+                     (.9, .9, .9, .9, .9, .9, .9, .8, .7, .6, .6, .5, .5, .5, .5, .6, .7, .8, .7, .7, .8, .9, .9),
+                     False),
+)
+NCCL_TREE_BUSBW_X = 0.92        # busBw * .92 for every tree protocol
+NCCL_TREE_ALGBW_RATIO = 0.5     # a tree's algorithm bandwidth is half its bus bandwidth
+
+
+def log2i(n: int) -> int:
+    """NCCL's `log2i` (src/include/utils.h): floor(log2(n)), 0 for n <= 1."""
+    return max(int(n), 1).bit_length() - 1
 
 
 # -- inter-node networks -----------------------------------------------------------------------------------------
@@ -629,7 +677,13 @@ class ClusterModel:
         return send + (self.allreduce_time_s(nbytes / 2, dst) if tp > 1 else 0.0)
 
     def allreduce_time_s(self, nbytes: float, ranks: Sequence[GpuSlot]) -> float:
-        """A ring all-reduce of `nbytes` over `ranks` (see the module docstring)."""
+        """An all-reduce of `nbytes` over `ranks`: NCCL's fastest algorithm and protocol (module docstring)."""
+        return self.allreduce_choice(nbytes, ranks)[2]
+
+    def allreduce_choice(self, nbytes: float, ranks: Sequence[GpuSlot]) -> tuple[str, str, float]:
+        """(algorithm, protocol, seconds) of an all-reduce of `nbytes` over `ranks`: inside one node the
+        interconnect's measured fit ("fit", ""); across nodes the fastest of NCCL's ring and tree with each
+        protocol ("ring" or "tree", "LL" / "LL128" / "Simple"); ("none", "", 0.0) for one rank."""
         nbytes = self._check_bytes(nbytes)
         for s in ranks:
             self._check_slot(s)
@@ -637,13 +691,13 @@ class ClusterModel:
         if len(set(ranks)) != n:
             raise ConfigError(f"cluster: all-reduce ranks must be distinct GPUs; got {list(ranks)}")
         if n <= 1:
-            return 0.0
+            return "none", "", 0.0
         per_node = Counter(s.node for s in ranks)
         k = len(per_node)
         moved = 2 * (n - 1) / n * nbytes
         if k == 1:
             alpha, busbw = self.intra.allreduce_fit(n)
-            return alpha * 1e-6 + moved / (busbw * 1e9)
+            return "fit", "", alpha * 1e-6 + moved / (busbw * 1e9)
         # the ring crosses the network on every node's NICs at once: the thinnest node bounds it
         busbw = min(per_node.values()) * self.nic_gbps_per_gpu
         widest = max(per_node.values())
@@ -651,17 +705,38 @@ class ClusterModel:
             busbw = min(busbw, self.intra.allreduce_fit(widest)[1])
         steps = 2 * (n - 1)
         inter = min(2 * k, steps)       # NCCL: nInterSteps = 2 x nNodes for an all-reduce
-        best = math.inf
+        link_us = self.network.link_latency_us
+        ll_cap = NCCL_LL_MAX_BUSBW_GBPS[min(k, 3)]
+        best = ("ring", "", math.inf)
         for p in NCCL_PROTOCOLS:
             if p.needs_nvlink and not self.intra.nvlink:
                 continue
             intra_step = max(p.nvlink_step_us if self.intra.nvlink else p.pci_step_us,
                              NCCL_NET_OVERHEAD_US * p.net_overhead_x)
-            lat_us = p.base_us + inter * (p.net_step_us + self.network.link_latency_us) + (steps - inter) * intra_step
+            lat_us = p.base_us + inter * (p.net_step_us + link_us) + (steps - inter) * intra_step
             bw = busbw * p.busbw_factor
             if p.name == "LL":
-                bw = min(bw, NCCL_LL_MAX_BUSBW_GBPS[min(k, 3)])
-            best = min(best, lat_us * 1e-6 + moved / (bw * 1e9))
+                bw = min(bw, ll_cap)
+            t = lat_us * 1e-6 + moved / (bw * 1e9)
+            if t < best[2]:
+                best = ("ring", p.name, t)
+        # the tree: a chain of n/nNodes ranks inside each node (C's integer division), log2(nNodes) levels across
+        ppn, levels = n // k, log2i(k)
+        size_class = log2i(int(nbytes) >> 6)
+        for q in NCCL_TREE_PROTOCOLS:
+            if q.needs_nvlink and not self.intra.nvlink:
+                continue
+            intra_step = q.nvlink_step_us if self.intra.nvlink else q.pci_step_us
+            lat_us = q.base_us + 2 * ((ppn - 1) * intra_step + levels * (q.net_step_us + link_us))
+            bw = busbw * NCCL_TREE_BUSBW_X * q.busbw_factor
+            if q.name == "LL":
+                bw = min(bw, ll_cap)
+            bw *= NCCL_TREE_ALGBW_RATIO
+            if size_class < len(q.correction):
+                bw *= q.correction[size_class]
+            t = lat_us * 1e-6 + nbytes / (bw * 1e9)
+            if t < best[2]:
+                best = ("tree", q.name, t)
         return best
 
     def kv_transfer_time_s(self, model: KvModel, num_tokens: int, src: Sequence[GpuSlot],
