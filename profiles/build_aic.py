@@ -41,6 +41,8 @@ def jobs():
         gpu = load_gpu(g)
         for m in model_names():
             model = load_model(m)
+            if model.moe is not None:     # MoE models: profiles/build_moe.py
+                continue
             for w, kv in DTYPES:
                 sized = dataclasses.replace(model, dtype_bytes=1 if w == "fp8" else 2)
                 for tp in allowed_tps(model, TPS):

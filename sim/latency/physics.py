@@ -167,7 +167,7 @@ class Checker:
         return {"linear_ms": t * 1e3,
                 "linear_tflops": _util(self.fl.linear_flops_per_token * tokens, t, 1e12),
                 "linear_mfu": _util(self.fl.linear_flops_per_token * tokens, t, self.bounds.peak_flops),
-                "linear_bw": _util(self.fl.linear_bytes, t, self.bounds.hbm_bw)}
+                "linear_bw": _util(self.fl.weight_bytes(tokens), t, self.bounds.hbm_bw)}
 
     def _lm_head(self, num_seqs: int) -> dict:
         t = self.model.lm_head_time_s(num_seqs)
@@ -248,12 +248,12 @@ class Checker:
         name = base.gpu_spec or "base GPU"
         for g, ms in zip(prof.grid.tolist(), prof.layer_raw.tolist()):
             t = ms / 1e3
-            floor = max(fl.linear_flops_per_token * g / base.peak_flops, fl.linear_bytes / base.hbm_bw)
+            floor = max(fl.linear_flops_per_token * g / base.peak_flops, fl.weight_bytes(g) / base.hbm_bw)
             if t > SLOW_BOUND * floor:
                 report.slow.append(f"slow: layer_nonattn.csv num_tokens={g}: {ms:.4g} ms, {t / floor:.1f}x its roofline "
                                    f"on {name} (flag at {SLOW_BOUND:g}x)")
             for val, what, rate in ((fl.linear_flops_per_token * g, "dense BF16 peak", base.peak_flops),
-                                    (fl.linear_bytes, "HBM bandwidth", base.hbm_bw)):
+                                    (fl.weight_bytes(g), "HBM bandwidth", base.hbm_bw)):
                 u = _util(val, t, rate)
                 if u > 1 + 1e-9:
                     report.problems.append(Problem("data", "linear", f"layer_nonattn.csv num_tokens={g} ({name})",

@@ -97,6 +97,9 @@ class ModelShape:
     intermediate_size: int = 0      # optional (builder writes it); informational, not used for timing
     kv_dtype_bytes: int = 0         # bytes per element of the KV cache (0: dtype_bytes)
     act_dtype_bytes: int = 0        # bytes per element of activations, embedding and LM head (0: dtype_bytes)
+    moe_num_experts: int = 0        # [moe]: routed experts per MoE layer (0: a dense model)
+    moe_top_k: int = 0              # [moe]: experts each token is routed to
+    moe_expert_params: float = 0.0  # [moe]: parameters of one routed expert (layer_params counts all of them)
 
     @property
     def kv_bytes(self) -> int:
@@ -154,6 +157,7 @@ META_RANGES: dict[str, dict[str, tuple]] = {
     "ground_truth": {"decode_wave_fraction": _FRAC, "sm_count": (1.0, 1e6, False, False),
                      "cpu_per_request_us": _US, "jitter_cv": (0.0, 10.0, False, False), "stall_prob": _FRAC,
                      "stall_mean_ms": _MS, "slow_prob": _FRAC, "slow_mean": (0.0, 100.0, False, False)},
+    "moe": {"num_experts": _COUNT, "top_k": _COUNT, "expert_params": _PARAMS, "moe_tp": _COUNT, "ep": _COUNT},
     "roofline": {"bf16_tflops": _GBPS, "peak_tflops": _GBPS, "base_peak_tflops": _GBPS, "hbm_bw_gbps": _GBPS, "link_bw_gbps": _GBPS, "base_bf16_tflops": _GBPS,
                  "base_hbm_bw_gbps": _GBPS},
 }
@@ -432,6 +436,14 @@ class Profile:
             raise DataError(f"{where}: key 'num_kv_heads' ({kv}) must divide 'num_q_heads' ({q})")
         if m.get("dtype_bytes", 2) not in (1, 2, 4):
             raise DataError(f"{where}: key 'dtype_bytes' must be 1, 2 or 4, got {m.get('dtype_bytes')!r}")
+        moe = self.meta.get("moe", {})
+        if moe:
+            mw = f"{self.path / 'meta.toml'} [moe]"
+            e, k = int(_need(moe, "num_experts", mw)), int(_need(moe, "top_k", mw))
+            if k > e:
+                raise DataError(f"{mw}: key 'top_k' ({k}) must be <= num_experts ({e})")
+            if e * _need(moe, "expert_params", mw) >= _need(m, "layer_params", where):
+                raise DataError(f"{mw}: key 'expert_params' x num_experts must be < [model] layer_params")
         return ModelShape(
             num_layers=int(_need(m, "num_layers", where)),
             hidden_size=int(_need(m, "hidden_size", where)),
@@ -445,6 +457,9 @@ class Profile:
             intermediate_size=int(m.get("intermediate_size", 0) or 0),
             kv_dtype_bytes=int(m.get("kv_dtype_bytes", 0) or 0),
             act_dtype_bytes=int(m.get("act_dtype_bytes", 0) or 0),
+            moe_num_experts=int(moe.get("num_experts", 0)) if moe else 0,
+            moe_top_k=int(moe.get("top_k", 0)) if moe else 0,
+            moe_expert_params=float(moe.get("expert_params", 0.0)) if moe else 0.0,
         )
 
 

@@ -11,6 +11,7 @@ Every part takes at least max(FLOPs / peak, bytes moved / bandwidth):
 | part | FLOPs | bytes |
 |---|---|---|
 | linear layers, one layer | 2 x tokens x layer_params / tp (GEMMs) | layer_params / tp x dtype_bytes (weights read once) |
+| the same, an MoE layer (`[moe]`) | 2 x tokens x (layer_params - (E - k) x expert_params) / tp: each token runs k of the E routed experts | (layer_params - (E - touched(tokens)) x expert_params) / tp x dtype_bytes: only the experts the batch routes to are read, `expected_experts` of them |
 | prefill attention, one layer | 4 x head_dim x q_heads/tp per (query, key) pair; a chunk of c tokens after a prefix of p has c p + c (c + 1) / 2 pairs (causal) | the KV cache of prefix and chunk, 2 x kv_heads/tp x head_dim x dtype_bytes per token |
 | decode attention, one layer | (memory bound) | the KV cache of every context token, as above |
 | LM head | 2 x vocab x hidden / tp per sampled sequence | vocab x hidden / tp x dtype_bytes |
@@ -18,6 +19,11 @@ Every part takes at least max(FLOPs / peak, bytes moved / bandwidth):
 
 `Floors` holds these as per-unit times (seconds), so the latency model applies them with one
 multiplication and one comparison each.
+
+`expected_experts(E, k, T)`: the expected number of distinct experts T tokens touch when each picks k of E
+experts uniformly without replacement: one expert is missed by one token with probability 1 - k/E, by all T
+independently with (1 - k/E)^T, so E (1 - (1 - k/E)^T). Real routers are not uniform (skewed routing touches
+fewer experts), so the floor stays a floor only if skew is ignored: it is the uniform expectation, stated.
 """
 
 from __future__ import annotations
@@ -75,19 +81,34 @@ def bounds_from_meta(meta: dict, where: str, base: bool = False) -> Bounds | Non
                   _positive(rl, "hbm_bw_gbps", where) * 1e9, link, dtype)
 
 
+def expected_experts(num_experts: int, top_k: int, tokens: float) -> float:
+    """Expected distinct experts `tokens` tokens touch, each routed to `top_k` of `num_experts` uniformly:
+    E (1 - (1 - k/E)^T) (module docstring)."""
+    if tokens <= 0:
+        return 0.0
+    return num_experts * (1.0 - (1.0 - top_k / num_experts) ** tokens)
+
+
 class Floors:
     """The floor of each part for one model shape, TP degree and GPU (seconds; see the module docstring)."""
 
     def __init__(self, bounds: Bounds, layer_params: float, hidden: int, q_heads: int, kv_heads: int,
                  head_dim: int, vocab: int, dtype_bytes: int, tp: int, kv_dtype_bytes: int = 0,
-                 act_dtype_bytes: int = 0) -> None:
+                 act_dtype_bytes: int = 0, moe: tuple[int, int, float] | None = None) -> None:
+        # moe: (routed experts E, top-k, parameters of one expert) of an MoE layer; None: dense
         kv_bytes = kv_dtype_bytes or dtype_bytes
         act_bytes = act_dtype_bytes or dtype_bytes
         self.bounds = bounds
         peak, bw = bounds.peak_flops, bounds.hbm_bw
         params = layer_params / tp
+        self.linear_bytes = params * dtype_bytes                   # every weight of the layer
+        self.moe = moe
+        if moe is not None:
+            e, k, expert = moe
+            self.expert_bytes = expert / tp * dtype_bytes          # one routed expert's shard
+            self.fixed_bytes = (layer_params - e * expert) / tp * dtype_bytes   # what every pass reads
+            params = (layer_params - (e - k) * expert) / tp       # the parameters one token runs through
         self.linear_flops_per_token = 2.0 * params
-        self.linear_bytes = params * dtype_bytes
         self.linear_token_s = self.linear_flops_per_token / peak   # compute bound, per token
         self.linear_weights_s = self.linear_bytes / bw             # memory bound, per layer and pass
         self.pair_flops = 4.0 * head_dim * (q_heads / tp)          # QK^T and PV of one (query, key) pair
@@ -102,13 +123,25 @@ class Floors:
 
     @classmethod
     def for_shape(cls, bounds: Bounds, shape, tp: int) -> "Floors":
+        e = getattr(shape, "moe_num_experts", 0)
+        moe = (e, shape.moe_top_k, shape.moe_expert_params) if e else None
         return cls(bounds, shape.layer_params, shape.hidden_size, shape.num_q_heads, shape.num_kv_heads,
                    shape.head_dim, shape.vocab_size, shape.dtype_bytes, tp,
-                   getattr(shape, "kv_dtype_bytes", 0), getattr(shape, "act_dtype_bytes", 0))
+                   getattr(shape, "kv_dtype_bytes", 0), getattr(shape, "act_dtype_bytes", 0), moe)
+
+    def weight_bytes(self, tokens: float) -> float:
+        """Weight bytes one GPU reads in one layer's pass over `tokens` tokens: all of them (dense), or the
+        fixed part and the experts the tokens are expected to touch (MoE)."""
+        if self.moe is None:
+            return self.linear_bytes
+        e, k, _ = self.moe
+        return self.fixed_bytes + expected_experts(e, k, tokens) * self.expert_bytes
 
     # -- per part, seconds --
     def linear_s(self, tokens: float) -> float:
         """One layer's linear (non-attention) floor for a pass over `tokens` tokens."""
+        if self.moe is not None:
+            return max(tokens * self.linear_token_s, self.weight_bytes(tokens) / self.bounds.hbm_bw)
         return max(tokens * self.linear_token_s, self.linear_weights_s)
 
     @staticmethod

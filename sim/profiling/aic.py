@@ -472,6 +472,9 @@ def build_aic_profile(model: ModelArch, gpu: GpuSpec, tp: int, out: str | Path, 
     from sim.latency.profiled import Profile
     from sim.profiling.profile_io import check_staged
 
+    if model.moe is not None:
+        raise DataError(f"--model {model.name}: a mixture-of-experts model; sim/profiling/moe.py "
+                        f"(profiles/build_moe.py) builds it from AIConfigurator's MoE tables")
     model.check_tp(tp)
     if gpu.name not in SYSTEMS:
         raise DataError(f"--gpu {gpu.name!r}: no AIConfigurator system for it; allowed with --data aic: "

@@ -136,6 +136,9 @@ def build_profile(model: ModelArch, gpu: GpuSpec, ic: Interconnect, tp: int, out
     `physics` (`ppsim profile build`): a profile that fails `profile check` is refused, not written."""
     from sim.latency.profiled import Profile
 
+    if model.moe is not None:
+        raise DataError(f"--model {model.name}: a mixture-of-experts model; Vidur's data has no expert kernels: "
+                        f"build it from AIConfigurator's MoE tables (profiles/build_moe.py, sim/profiling/moe.py)")
     model.check_tp(tp)
     km = KernelModel.load(gpu.kernel_data)
     comm, comm_how, comm_records = comm_model(ic, km.family, tp, km.meta)
@@ -278,6 +281,8 @@ def build_all(root: Path = BUILT_DIR, progress: bool = True) -> list[Path]:
             continue
         for m in model_names():
             model = load_model(m)
+            if model.moe is not None:     # MoE models: profiles/build_moe.py builds their profiles
+                continue
             for tp in allowed_tps(model, TPS):
                 if fits_somewhere(model, gpu, tp):
                     jobs.append((gpu, model, tp))
