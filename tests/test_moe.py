@@ -154,3 +154,58 @@ def test_moe_roofline_reads_only_touched_experts():
     dense = Floors(b, m.layer_params, 4096, 32, 8, 128, 32000, 2, 1)
     assert dense.linear_s(1) == pytest.approx(m.layer_params * 2 / 3.35e12)
     assert fl.linear_s(1) < 0.55 * dense.linear_s(1)
+
+
+# -- expert kernels from AIConfigurator's MoE tables and the TP-sharded profiles --------------------------------
+
+aic_only = pytest.mark.skipif(__import__("importlib").util.find_spec("aiconfigurator_core") is None,
+                              reason="aiconfigurator-core not installed (the optional extra pipesim[aic])")
+
+
+def test_loglog_interpolation_by_hand():
+    from sim.profiling.moe import interp_loglog_curve
+
+    got = interp_loglog_curve(np.array([1, 4]), np.array([1.0, 16.0]), np.array([1, 2, 4, 8]))
+    assert got == pytest.approx([1.0, 4.0, 16.0, 64.0])     # y = x^2 on a log-log line, past the end too
+
+
+def test_vidur_builder_refuses_moe(tmp_path):
+    from sim.profiling.build import build_profile
+    from sim.profiling.specs import load_gpu, load_interconnect
+
+    gpu = load_gpu("h100-sxm-80gb")
+    with pytest.raises(DataError, match="mixture-of-experts"):
+        build_profile(load_model("mixtral-8x7b"), gpu, load_interconnect(gpu.default_interconnect), 2, tmp_path / "p")
+
+
+@aic_only
+def test_moe_profile_reads_the_table_and_counts_every_expert(tmp_path):
+    import pandas as pd
+
+    from sim.latency.profiled import kv_capacity_tokens
+    from sim.profiling.aic import AicData
+    from sim.profiling.moe import build_moe_profile
+    from sim.profiling.specs import load_gpu
+
+    aic = AicData("h100_sxm")
+    model, gpu = load_model("mixtral-8x7b"), load_gpu("h100-sxm-80gb")
+    prof = build_moe_profile(model, gpu, 2, tmp_path / "p", aic=aic)
+    df = pd.read_parquet(aic.data / "moe" / "vllm" / aic.version / "moe_perf.parquet")
+    rows = df[(df.kernel_source == "vllm_unquantizedfusedmoe_triton_tritonexperts") & (df.hidden_size == 4096)
+              & (df.inter_size == 14336) & (df.topk == 2) & (df.num_experts == 8) & (df.moe_tp_size == 2)
+              & (df.moe_ep_size == 1) & (df.distribution == "balanced")]
+    lay = pd.read_csv(tmp_path / "p" / "layer_nonattn.csv", index_col="num_tokens")
+    for t in (1, 256, 4096):               # token counts the MoE table measured: read as measured (median)
+        assert lay.loc[t, "moe_experts"] == pytest.approx(rows[rows.num_tokens == t].latency.median(), rel=1e-4)
+    parts = lay[["qkv_proj", "o_proj", "router", "moe_experts", "rope", "rmsnorm_x2", "residual_add"]].sum(axis=1)
+    assert lay["layer_nonattn_ms"].to_numpy() == pytest.approx(parts.to_numpy(), rel=1e-4)
+    shape = prof.shape()
+    assert (shape.moe_num_experts, shape.moe_top_k, shape.moe_expert_params) == (8, 2, 176_160_768)
+    assert shape.layer_params == model.layer_params
+    # KV pool per GPU (SGLang's rule as profiled.kv_capacity_tokens): every expert's TP shard is resident
+    m_init = prof.meta["memory"]["m_init_gib"]
+    weights = 32 * model.layer_params / 2 * 2 + 2 * 32000 * 4096 / 2 * 2
+    cell = 4 * 128 * 32 * 2 * 2                       # 8 KV heads / TP 2, K and V, 32 layers, bf16
+    want = int(((m_init - weights / GIB) - m_init * (1 - 0.9)) * GIB // cell)
+    assert kv_capacity_tokens(prof, 1, 0.9) == want
+    assert prof.meta["derivation"]["moe_checks"].startswith("expert kernel / roofline floor")
