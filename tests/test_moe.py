@@ -209,3 +209,13 @@ def test_moe_profile_reads_the_table_and_counts_every_expert(tmp_path):
     want = int(((m_init - weights / GIB) - m_init * (1 - 0.9)) * GIB // cell)
     assert kv_capacity_tokens(prof, 1, 0.9) == want
     assert prof.meta["derivation"]["moe_checks"].startswith("expert kernel / roofline floor")
+
+
+def test_cli_refuses_moe_on_vidur_data(tmp_path, capsys):
+    from sim.cli import main as ppsim
+
+    rc = ppsim(["profile", "build", "--model", "mixtral-8x7b", "--gpu", "a100-sxm-80gb", "--tp", "2",
+                "--out", str(tmp_path / "p")])
+    err = capsys.readouterr().err.strip()
+    assert rc != 0 and "mixture-of-experts" in err and "--data aic" in err and "\n" not in err
+    assert not (tmp_path / "p").exists()

@@ -365,12 +365,15 @@ def cmd_build(args) -> int:
     gpu = load_gpu(args.gpu)
     if args.data == "aic":
         from sim.profiling.aic import build_aic_profile
+        from sim.profiling.moe import build_moe_profile
 
         if args.interconnect and args.interconnect != gpu.default_interconnect:
             raise PipeSimError(f"profile build --data aic: --interconnect {args.interconnect!r}: the AIC tables are "
                                f"measured on one {gpu.default_interconnect} node; allowed: {gpu.default_interconnect}")
-        prof = build_aic_profile(model, gpu, args.tp, args.out, engine=args.engine or "vllm",
-                                 weight_dtype=args.weight_dtype or "bf16", kv_dtype=args.kv_dtype or "bf16")
+        # an MoE model: its experts from AIConfigurator's MoE tables (sim/profiling/moe.py, experts sharded by TP)
+        build = build_moe_profile if model.moe is not None else build_aic_profile
+        prof = build(model, gpu, args.tp, args.out, engine=args.engine or "vllm",
+                     weight_dtype=args.weight_dtype or "bf16", kv_dtype=args.kv_dtype or "bf16")
         p, fe = prof.meta["profile"], prof.meta["fit_errors"]
         print(f"wrote {args.out}: {model.name} on {gpu.display}, TP{args.tp}; {p['data_source']}")
         print(f"  GEMMs measured: {', '.join(fe['gemm_measured_ops']) or 'none'}; interpolated: "
@@ -378,6 +381,8 @@ def cmd_build(args) -> int:
               f"{fe['attention_prefill_median_rel_err']:.1%} / {fe['attention_prefill_p90_rel_err']:.1%}, decode "
               f"{fe['attention_decode_median_rel_err']:.1%} / {fe['attention_decode_p90_rel_err']:.1%}")
         print(f"  suspect rows: {prof.meta['derivation']['suspect_rows']}")
+        if "moe_checks" in prof.meta["derivation"]:
+            print(f"  MoE: {prof.meta['derivation']['moe_checks']}")
         _print_check(prof)
         return 0
     if gpu.kernel_data == "aic":

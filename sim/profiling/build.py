@@ -138,7 +138,7 @@ def build_profile(model: ModelArch, gpu: GpuSpec, ic: Interconnect, tp: int, out
 
     if model.moe is not None:
         raise DataError(f"--model {model.name}: a mixture-of-experts model; Vidur's data has no expert kernels: "
-                        f"build it from AIConfigurator's MoE tables (profiles/build_moe.py, sim/profiling/moe.py)")
+                        f"build it from AIConfigurator's MoE tables: ppsim profile build --data aic (sim/profiling/moe.py)")
     model.check_tp(tp)
     km = KernelModel.load(gpu.kernel_data)
     comm, comm_how, comm_records = comm_model(ic, km.family, tp, km.meta)
