@@ -1,7 +1,7 @@
 """Cross-check of the two A100 Mixtral-8x7B MoE sources (issue 44): AIConfigurator's A100 MoE rows and the Frontier
 simulator's MIT-licensed table (NetX-lab/Frontier, data/profiling/compute/a100/mixtral_8x7b_moe/moe.csv).
 
-Usage: python profiles/crosscheck_moe_a100.py FRONTIER_MOE_CSV > profiles/moe/crosscheck_a100.md
+Usage: python profiles/crosscheck_moe_a100.py FRONTIER_MOE_CSV > profiles/crosscheck_moe_a100.md
 
 Frontier's rows time the MoE layer's parts (moe_gating, moe_shuffling, moe_grouped_gemm) per token count and
 TP degree (experts sharded by TP, ep 1); AIConfigurator's A100 rows (SGLang 0.5.10, sglang_fused_moe_triton,

@@ -25,9 +25,10 @@ layer's all-reduce (`sdk/models/blocks/moe.py` `build_moe_block_ops`). This modu
   tokens touch (`sim.latency.roofline.expected_experts`), and whether the curve gets faster with TP (the
   table's rows at moe_tp / 2), both written into the profile's [derivation].
 
-`frontier_mixtral_a100` reads the MIT-licensed A100 Mixtral-8x7B MoE table of the Frontier simulator
-(NetX-lab/Frontier, data/profiling/compute/a100/mixtral_8x7b_moe/moe.csv), the second source the issue names
-for the A100; `profiles/moe/crosscheck_a100.md` compares it with AIConfigurator's A100 rows.
+The second source the issue names for the A100, the MIT-licensed Mixtral-8x7B MoE table of the Frontier
+simulator (NetX-lab/Frontier, data/profiling/compute/a100/mixtral_8x7b_moe/moe.csv), is read by
+profiles/crosscheck_moe_a100.py, which compares it with AIConfigurator's A100 rows
+(profiles/crosscheck_moe_a100.md); no A100 MoE profile is built yet.
 """
 
 from __future__ import annotations
