@@ -28,7 +28,8 @@ from build_aic import compare  # noqa: E402
 from sim.profiling.aic import SYSTEMS, AicData, package_version  # noqa: E402
 from sim.profiling.build import TPS  # noqa: E402
 from sim.profiling.moe import MOE_DIR, build_moe_profile, moe_dir  # noqa: E402
-from sim.profiling.specs import allowed_tps, fits_somewhere, load_gpu, load_model, model_names  # noqa: E402
+from sim.latency.hardware import load_gpu  # noqa: E402
+from sim.profiling.specs import allowed_tps, fits_somewhere, load_model, model_names  # noqa: E402
 
 GPUS = ("h100-sxm-80gb", "h200-sxm")
 # BF16 only: the table's per-tensor FP8 MoE rows (vllm_modeloptfp8moe_flashinfer_cutlass_flashinferexperts) are

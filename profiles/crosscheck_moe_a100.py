@@ -21,7 +21,8 @@ import pandas as pd  # noqa: E402
 
 from sim.latency.roofline import expected_experts  # noqa: E402
 from sim.profiling.aic import package_root, package_version  # noqa: E402
-from sim.profiling.specs import load_gpu, load_model  # noqa: E402
+from sim.latency.hardware import load_gpu  # noqa: E402
+from sim.profiling.specs import load_model  # noqa: E402
 
 TOKENS = (1, 16, 64, 256, 1024, 4096)
 

@@ -171,7 +171,7 @@ def test_loglog_interpolation_by_hand():
 
 def test_vidur_builder_refuses_moe(tmp_path):
     from sim.profiling.build import build_profile
-    from sim.profiling.specs import load_gpu, load_interconnect
+    from sim.latency.hardware import load_gpu, load_interconnect
 
     gpu = load_gpu("h100-sxm-80gb")
     with pytest.raises(DataError, match="mixture-of-experts"):
@@ -185,7 +185,7 @@ def test_moe_profile_reads_the_table_and_counts_every_expert(tmp_path):
     from sim.latency.profiled import kv_capacity_tokens
     from sim.profiling.aic import AicData
     from sim.profiling.moe import build_moe_profile
-    from sim.profiling.specs import load_gpu
+    from sim.latency.hardware import load_gpu
 
     aic = AicData("h100_sxm")
     model, gpu = load_model("mixtral-8x7b"), load_gpu("h100-sxm-80gb")

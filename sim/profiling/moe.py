@@ -50,7 +50,8 @@ from sim.latency.roofline import expected_experts
 from sim.profiling.aic import (COMPACT_COLS, GRID_MAX_TOKENS, MODULE, PACKAGE, SYSTEMS, AicData, build_aic_profile,
                                fp8_slower_points, package_version, profile_name)
 from sim.profiling.kernels import gemm_shapes
-from sim.profiling.specs import PROFILES, GpuSpec, ModelArch
+from sim.latency.hardware import PROFILES, GpuSpec
+from sim.profiling.specs import ModelArch
 
 MOE_DIR = PROFILES / "moe"               # the shipped MoE library (profiles/build_moe.py)
 # engine -> dtype -> (moe_dtype, kernel_source) of the MoE table (see the module docstring)
