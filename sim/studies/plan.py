@@ -68,7 +68,7 @@ from sim.core.errors import ConfigError  # noqa: E402
 from sim.latency.profiled import Profile, ProfiledLatencyModel, kv_capacity_tokens  # noqa: E402
 from sim.core.slo import SLO, slo_from_specs  # noqa: E402
 from sim.studies.sweep import (Runner, Search, goodput_searches, mean_ci, meets_slo, size_key,  # noqa: E402
-                               sustained, with_rate)
+                               hold_tail, sustained, with_rate)
 from sim.studies.plan_verify import TABLE, verify  # noqa: E402
 from sim.studies.verdict import family, rank, verdict  # noqa: E402
 from sim.workloads import build_workload_said, resolve_workload  # noqa: E402
@@ -585,6 +585,8 @@ def run_plan(args) -> tuple[pd.DataFrame, dict]:
             notes += lines
     prices = parse_prices(args.price_per_gpu_hour, [n for n, _ in families])
     load = plan_load(args, overrides)
+    if not load.timestamped:  # a tail objective's probes (sim.studies.sweep.tail_requests; issue 39b hook)
+        load.changes += tuple(x for x in [hold_tail(load.table, slo, load.per_unit, args.quick)] if x)
     mode = "goodput" if load.rate_rps is None else "rate"
     seeds = list(range(1, args.seeds + 1))
     runner = Runner(out / "cache.jsonl", jobs=args.jobs, executor=args.executor, address=args.address,

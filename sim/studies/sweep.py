@@ -103,6 +103,53 @@ class SustainedSLO(SLO):
         return min(m, short) if m == m else short
 
 
+# The probe window of a tail objective (`ppsim plan`; issue 39). A percentile p is the value that
+# (100 - p)% of the requests exceed: a P99 over 400 requests rests on 4 of them, and a rate whose P99
+# held in such a probe missed it at 5,000 requests (benchmarks/README.md, "Sustained probes and
+# --verify"). The rule: a probe holds enough requests that, past its warm-up (the first quarter of the
+# load, the share the saturation check's warm-up reads, sim/outputs/saturation.py), the SLO's highest
+# percentile rests on at least TAIL_SAMPLES requests beyond it:
+#     n >= ceil(TAIL_SAMPLES / ((1 - p / 100) x (1 - WARMUP_SHARE)))
+# P90: 267 requests, P95: 534, P99: 2,667, P99.9: 26,667. With 20 samples beyond it the empirical P99
+# of 2,000 measured requests is their 20th largest, whose rank's 95% binomial interval (20 +- 1.96
+# sqrt(19.8), 11 to 29) puts it between P98.5 and P99.5. `--quick` applies TAIL_SAMPLES_QUICK (a
+# screen: P99 on 5 samples, 667 requests). The probe's time window (plan.py `PROBE_MIN_WINDOW_S`)
+# still applies: the larger of the two.
+TAIL_SAMPLES = 20
+TAIL_SAMPLES_QUICK = 5
+WARMUP_SHARE = 0.25
+
+
+def tail_requests(slo: SLO, quick: bool = False) -> int:
+    """The fewest requests a probe of `slo` holds (the rule above), for its highest percentile."""
+    ps = [slo.ttft_percentile, slo.tpot_percentile]
+    if slo.e2e_ms is not None:
+        ps.append(slo.e2e_percentile)
+    top = max(float(p) for p in ps)
+    if not 0 < top < 100:
+        raise ConfigError(f"SLO percentile {top:g}: allowed 0 < p < 100")
+    samples = TAIL_SAMPLES_QUICK if quick else TAIL_SAMPLES
+    return math.ceil(samples / ((1.0 - top / 100.0) * (1.0 - WARMUP_SHARE)) - 1e-9)
+
+
+def hold_tail(workload: dict, slo: SLO, per_unit: float = 1.0, quick: bool = False) -> str:
+    """Raise a Poisson-rate [workload] table's size (requests, or sessions of `per_unit` requests each)
+    to `tail_requests(slo)` in place; returns what it did ("" when the table held enough already)."""
+    size = size_key(workload)
+    n = workload.get(size)
+    if not (isinstance(n, int) and n > 0):
+        return ""
+    need = tail_requests(slo, quick)
+    want = math.ceil(need / per_unit - 1e-9) if size == "num_sessions" else need
+    if n >= want:
+        return ""
+    workload[size] = want
+    p = max(slo.ttft_percentile, slo.tpot_percentile, slo.e2e_percentile if slo.e2e_ms is not None else 0)
+    return (f"probes hold at least {want} {'sessions' if size == 'num_sessions' else 'requests'} (were {n}): the "
+            f"P{p:g} objective rests on >= {TAIL_SAMPLES_QUICK if quick else TAIL_SAMPLES} requests beyond it past "
+            f"the first {WARMUP_SHARE:.0%} (sim.studies.sweep.tail_requests)")
+
+
 def sustained(slo: SLO) -> SustainedSLO:
     """`slo` with the sustained criterion (`SustainedSLO`)."""
     return slo if isinstance(slo, SustainedSLO) else SustainedSLO(**{f.name: getattr(slo, f.name) for f in fields(slo)})
