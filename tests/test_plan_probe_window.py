@@ -49,3 +49,11 @@ def test_percentile_out_of_range_is_refused():
 
     with pytest.raises(ConfigError, match="allowed 0 < p < 100"):
         tail_requests(SLO(ttft_ms=1, tpot_ms=1, ttft_percentile=100))
+
+
+def test_a_size_the_user_set_is_kept_with_a_warning():
+    p99 = SLO(ttft_ms=2000, tpot_ms=200, ttft_percentile=99)
+    wl = {"num_requests": 40}
+    note = hold_tail(wl, p99, quick=True, asked=True)
+    assert wl["num_requests"] == 40
+    assert note.startswith("workload.num_requests=40 kept as --set asks, below the 667")

@@ -60,7 +60,7 @@ from sim.studies.plan import (CONTEXT_TOKENS, MEM_FRACTION, POLICIES, at_rate_ro
                               cost_columns, cost_unit, deployment_table, goodputs_above, nodes_used,
                               resolve_profile, throughput_bound_rps, weights_reason, _short)
 from sim.studies.plan_verify import TABLE, verify
-from sim.studies.sweep import Runner, SustainedSLO, hold_tail, sustained
+from sim.studies.sweep import Runner, SustainedSLO, hold_tail, size_key, sustained
 
 np = lazy("numpy")
 pd = lazy("pandas")
@@ -609,7 +609,8 @@ def run_cluster_plan(args) -> tuple[pd.DataFrame, dict]:
     fam = family_dir(gpu)
     price = parse_prices(args.price_per_gpu_hour, [fam.name]).get(fam.name)
     load = plan_load(args, overrides)
-    load.changes += tuple(x for x in [hold_tail(load.table, slo, load.per_unit, args.quick)] if x)
+    load.changes += tuple(x for x in [hold_tail(load.table, slo, load.per_unit, args.quick,
+                                                         size_key(load.table) in overrides)] if x)
     if load.per_unit != 1.0:
         raise ConfigError(f"--max-gpus with --workload {args.workload}: a conversation workload's rate is sessions/s, "
                           f"which the screens cannot split by replica; allowed: a request workload, or --gpus N")

@@ -586,7 +586,8 @@ def run_plan(args) -> tuple[pd.DataFrame, dict]:
     prices = parse_prices(args.price_per_gpu_hour, [n for n, _ in families])
     load = plan_load(args, overrides)
     if not load.timestamped:  # a tail objective's probes (sim.studies.sweep.tail_requests; issue 39b hook)
-        load.changes += tuple(x for x in [hold_tail(load.table, slo, load.per_unit, args.quick)] if x)
+        load.changes += tuple(x for x in [hold_tail(load.table, slo, load.per_unit, args.quick,
+                                                         size_key(load.table) in overrides)] if x)
     mode = "goodput" if load.rate_rps is None else "rate"
     seeds = list(range(1, args.seeds + 1))
     runner = Runner(out / "cache.jsonl", jobs=args.jobs, executor=args.executor, address=args.address,

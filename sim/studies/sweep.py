@@ -132,9 +132,11 @@ def tail_requests(slo: SLO, quick: bool = False) -> int:
     return math.ceil(samples / ((1.0 - top / 100.0) * (1.0 - WARMUP_SHARE)) - 1e-9)
 
 
-def hold_tail(workload: dict, slo: SLO, per_unit: float = 1.0, quick: bool = False) -> str:
+def hold_tail(workload: dict, slo: SLO, per_unit: float = 1.0, quick: bool = False, asked: bool = False) -> str:
     """Raise a Poisson-rate [workload] table's size (requests, or sessions of `per_unit` requests each)
-    to `tail_requests(slo)` in place; returns what it did ("" when the table held enough already)."""
+    to `tail_requests(slo)` in place; returns what it did ("" when the table held enough already). A size
+    the user `asked` for (`--set workload.num_requests=N`) is kept, with a warning that the tail rests on
+    fewer requests."""
     size = size_key(workload)
     n = workload.get(size)
     if not (isinstance(n, int) and n > 0):
@@ -143,8 +145,11 @@ def hold_tail(workload: dict, slo: SLO, per_unit: float = 1.0, quick: bool = Fal
     want = math.ceil(need / per_unit - 1e-9) if size == "num_sessions" else need
     if n >= want:
         return ""
-    workload[size] = want
     p = max(slo.ttft_percentile, slo.tpot_percentile, slo.e2e_percentile if slo.e2e_ms is not None else 0)
+    if asked:
+        return (f"workload.{size}={n} kept as --set asks, below the {want} the P{p:g} objective's probes hold "
+                f"(sim.studies.sweep.tail_requests): its tail rests on fewer requests")
+    workload[size] = want
     return (f"probes hold at least {want} {'sessions' if size == 'num_sessions' else 'requests'} (were {n}): the "
             f"P{p:g} objective rests on >= {TAIL_SAMPLES_QUICK if quick else TAIL_SAMPLES} requests beyond it past "
             f"the first {WARMUP_SHARE:.0%} (sim.studies.sweep.tail_requests)")
