@@ -283,7 +283,7 @@ def test_timeline_and_cli(tmp_path):
 @pytest.mark.parametrize("over, match", [
     ({"cluster": None}, r"c.toml: \[disaggregation\] needs a \[cluster\] table"),
     ({"parallel": {"tp": 2}}, r"\[parallel\] pp, tp and replicas do not apply with \[disaggregation\]"),
-    ({"kv_transfer": "rdma"}, r"kv_transfer must be one of: after_prefill, layerwise; got 'rdma'"),
+    ({"kv_transfer": "rdma"}, r"kv_transfer must be one of: after_prefill, layerwise, chunked; got 'rdma'"),
     ({"first_token": "client"}, r"first_token must be one of: decode, prefill, transfer; got 'client'"),
     ({"prefill": {"tp": 1, "router": "random"}}, r"\[disaggregation.prefill\] router must be one of: round-robin"),
     ({"decode": {"tp": 0}}, r"\[disaggregation.decode\] tp must be an integer in \[1, 64\]; got 0"),
@@ -307,7 +307,11 @@ def test_bad_disaggregation_configs_fail_on_load(over, match):
 
 
 @pytest.mark.parametrize("over, match", [
-    ({"scheduler": {"engine": "sglang"}}, r"disaggregated pools run FastPP's scheduler; allowed: engine = 'fastpp'"),
+    ({"scheduler": {"engine": "vllm-v0"}}, r"engine = 'vllm-v0': not modelled with \[disaggregation\] \(vLLM "
+                                           r"0.6.3.post1, vllm-v0, has no disaggregated prefill.*allowed: engine = "
+                                           r"'fastpp', 'sglang', 'vllm-v1'"),
+    ({"scheduler": {"engine": "sglang", "prefix_cache": True}}, r"prefix caches in disaggregated pools are not "
+                                                                r"modelled; allowed: prefix_cache = false"),
     ({"decode": {"tp": 3}}, r"\[disaggregation.decode\] profile: .*tp3 does not exist \(tp = 3\)"),
     ({"nodes": 1}, r"the deployment needs 2 GPUs .* but the cluster has 1"),
 ])

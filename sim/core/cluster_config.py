@@ -18,7 +18,7 @@ reads no spec files).
 `[disaggregation]` splits the deployment into a prefill pool and a decode pool (sim/engine/disagg.py):
 
     [disaggregation]
-    kv_transfer = "after_prefill"   # or "layerwise": streamed during the prefill, only the tail exposed
+    kv_transfer = "after_prefill"   # or "layerwise" (streamed, the tail exposed), "chunked" (SGLang's sends)
     first_token = "decode"          # or "prefill", "transfer" (who emits token 1; see sim/engine/disagg.py)
     decode_reserve_tokens = 512     # KV a decode instance keeps free per request it holds (SGLang's default)
     [disaggregation.prefill]
@@ -42,7 +42,7 @@ CLUSTER_COUNTS = ("nodes", "gpus_per_node", "nics_per_node")
 CLUSTER_NAMES = ("gpu", "interconnect", "network")
 MAX_NODES = 4096
 MAX_GPUS_PER_NODE = 64
-KV_TRANSFERS = ("after_prefill", "layerwise")
+KV_TRANSFERS = ("after_prefill", "layerwise", "chunked")  # (chunked: SGLang's chunk-by-chunk sends)
 FIRST_TOKEN = ("decode", "prefill", "transfer")
 POOL_ROUTERS = ("round-robin", "least-loaded")
 MAX_TOKENS = 1 << 20

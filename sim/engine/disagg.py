@@ -2,8 +2,9 @@
 pipelines (`[disaggregation]`, sim/core/cluster_config.py), the prompt's KV cache shipped from one to the
 other over the cluster's links.
 
-Each instance is the co-located engine's own `Pipeline` and FastPP scheduler (any TP x PP: PP inside
-either pool works), placed on the `[cluster]` with the two pools one after the other
+Each instance is the co-located engine's own `Pipeline` and the scheduler of `[scheduler] engine`: FastPP's,
+SGLang 0.5.23's or vLLM V1's, in its prefill or decode role (sim/engine/schedulers/roles.py; any TP x PP: PP
+inside either pool works), placed on the `[cluster]` with the two pools one after the other
 (`sim.latency.cluster.place`); its stages' sends and all-reduces are costed by where they sit
 (sim/engine/cluster.py). A request's life:
 
@@ -14,12 +15,18 @@ either pool works), placed on the `[cluster]` with the two pools one after the o
    prefill with `max_tokens = 1`, vllm `benchmarks/disagg_benchmarks/disagg_prefill_proxy_server.py`),
    chunked by the pool's chunk policy. When its prefill finishes the instance keeps its KV (the tokens
    stay allocated in its pool) until the decode side holds it.
-3. **Decode pre-allocation.** Once its prefill has started, the decode instance reserves the prompt's KV
+3. **Decode pre-allocation.** (fastpp, sglang) Once its prefill has started, the decode instance reserves the prompt's KV
    in its own pool as soon as it has room for the prompt plus `decode_reserve_tokens` (default 512) for
    every request it holds or receives, first come first served: SGLang's decode `PreallocQueue`
    (`_allocatable_tokens`: free tokens less `num_reserved_decode_tokens` x (running + transfer + waiting),
    sglang `python/sglang/srt/disaggregation/decode.py`). A prompt that cannot fit an empty decode pool
    fails the run with the reason.
+   (vllm-v1) vLLM's proxy sends the decode request once the prefill has returned, and the decode instance's
+   scheduler allocates the prompt's blocks when it admits it, with no reserve, while fewer than
+   `max_num_seqs` requests run (a request loading remote KV is not running), first come first served (vllm
+   0.10.1.1 `v1/core/sched/scheduler.py` `Scheduler.schedule`: `allocate_slots(request, num_new_tokens +
+   num_external_computed_tokens, ..., delay_cache_blocks=load_kv_async)`, then `WAITING_FOR_REMOTE_KVS`).
+   Here the allocation is made at the event (the prefill's end, a request leaving), not at the next step.
 4. **Transfer.** The KV bytes: each decode stage's layers from the prefill stages that hold them, each
    destination TP shard's heads from a source shard holding them (`ClusterModel.kv_transfer_links`:
    2 x layers x KV heads per shard x head_dim x dtype bytes x prompt tokens). The transfer occupies the
@@ -33,6 +40,11 @@ either pool works), placed on the `[cluster]` with the two pools one after the o
      links are free), and ends no earlier than the prefill's end plus the last layer's share
      (1 / layers of the busiest link's time) and alpha: only that tail and the link queueing are exposed.
      The stream's link time is booked when the prefill ends (links are booked in that order).
+   - `"chunked"` (SGLang 0.5.23's sends, `disaggregation/prefill.py`: `process_prefill_chunk` calls
+     `send_kv_chunk` for each chunk of a chunked prompt as its forward is done, `process_batch_result_
+     disagg_prefill` the last chunk): chunk j's share of the bytes leaves when it is computed (taken as when
+     chunk j + 1 is scheduled; the prefill's end for the last), after the chunks before it, once pre-allocated
+     and the links are free (`DisaggRun._chunked_end`): a one-chunk prompt ships after its prefill.
 5. **Hand-off.** When the KV has arrived the decode instance holds it (its reservation becomes the
    request's), and only then does the prefill instance free its copy: a request's KV has one owner at a
    time. The request joins the decode instance's running requests at its next micro-batch (as a decode:
@@ -57,8 +69,19 @@ either pool works), placed on the `[cluster]` with the two pools one after the o
      step): token 1 at the KV's landing, token 2 from the decode side's next micro-batch. A one-token
      output finishes at the landing. (SGLang sends a chunked prompt's KV chunk by chunk: with
      `kv_transfer = "layerwise"` the transfer streams during the prefill.)
-7. Decoding as in a co-located FastPP instance (KV exhaustion retracts: a retracted request is
-   prefilled again on its decode instance).
+7. Decoding as in a co-located instance of the engine (KV exhaustion retracts, or preempts in vLLM: the
+   request is prefilled again on its decode instance). A landed request joins the running requests of the
+   next micro-batch: FastPP's paused list; SGLang's prebuilt batch (`disaggregation/decode.py`
+   `_get_new_prebuilt_batch`: up to `max_running_requests` less those running, per micro-batch with PP);
+   vLLM's first step after the KV arrived computes the last prompt token (`_update_waiting_for_remote_kv`:
+   `num_computed_tokens = num_tokens - 1`), modelled as a decode of one token at its context, while fewer
+   than `max_num_seqs` run.
+
+Each engine's hand-off, as `ppsim plan --max-gpus` deploys it (sim/studies/cluster_plan.py `handoff`):
+SGLang `kv_transfer = "chunked"`, `first_token = "transfer"`; vLLM `"after_prefill"`, `"decode"` (its
+NIXL connector's decode side reads the blocks after the prefill, which frees them only then:
+`kv_connector/v1/nixl_connector.py` `NixlConnectorScheduler.request_finished` returns `delay_free_blocks`).
+A `[disaggregation]` table may set any combination with any engine.
 
 Records: every request has one row in requests.csv (with `prefill_instance`, `decode_instance`,
 `kv_transfer_ms`: from the prefill's end, or the pre-allocation if later, to the KV's arrival: link
@@ -69,9 +92,10 @@ timeline name them), stages beyond an instance's PP empty; they are kept in memo
 False)` does not spill them, as the pools' stage counts may differ).
 
 Not modelled: Dynamo's conditional disaggregation (short prompts prefilled on the decode side), KV-aware
-routing, prefix caches, control-plane latency (handshakes, polling), a decode instance's own prefills
-interfering beyond re-prefills after retraction. Pools run FastPP's scheduler (`[scheduler] engine =
-"fastpp"`). With a horizon the run stops at it.
+routing, prefix caches (off in both pools for every engine; `prefix_cache = true` is refused), control-plane
+latency (handshakes, polling, bootstrap), a decode instance's own prefills interfering beyond re-prefills after
+retraction, vLLM V0 (0.6.3.post1 has no disaggregated prefill; refused), SGLang's optimistic prefill before
+bootstrap. With a horizon the run stops at it.
 """
 
 from __future__ import annotations
@@ -102,7 +126,7 @@ np = lazy("numpy")
 POOLS = ("prefill", "decode")
 
 
-from sim.engine.schedulers.roles import DecodeScheduler, PrefillScheduler  # noqa: E402
+from sim.engine.schedulers.roles import DecodeScheduler, PrefillScheduler, build_role  # noqa: E402
 
 
 class DisaggFailed(Exception):
@@ -118,7 +142,7 @@ class Flow:
     """One request's way through the two pools (times in seconds; nan until it happens)."""
 
     __slots__ = ("req", "shadow", "p", "d", "tokens", "start_s", "prefilled_s", "ready_s", "xfer_start_s",
-                 "landed_s", "link_wait_s", "bytes")
+                 "landed_s", "link_wait_s", "bytes", "chunks")
 
     def __init__(self, req: Req, shadow: Req, p: int, d: int) -> None:
         self.req, self.shadow, self.p, self.d = req, shadow, p, d
@@ -127,6 +151,7 @@ class Flow:
         self.start_s = self.prefilled_s = self.ready_s = self.xfer_start_s = self.landed_s = nan
         self.link_wait_s = nan
         self.bytes = 0
+        self.chunks: list[tuple[float, int]] = []  # (scheduled at, tokens) of each prefill chunk
 
 
 class Instance:
@@ -160,17 +185,25 @@ def pool_config(cfg: RunConfig, name: str) -> RunConfig:
         policy = PolicySpec(name=pool.chunk_policy["name"], params=dict(pool.chunk_policy.get("params", {})))
     sc = replace(sc, chunk_size_tokens=pool.chunk_size_tokens or sc.chunk_size_tokens, chunk_policy=policy,
                  kv_tokens=pool.kv_tokens or sc.kv_tokens,
-                 max_running_requests=pool.max_running_requests or sc.max_running_requests, rebalancer=None)
+                 max_running_requests=pool.max_running_requests or sc.max_running_requests, rebalancer=None,
+                 prefix_cache=False if sc.engine != "fastpp" else sc.prefix_cache)
     return replace(cfg, parallel=ParallelConfig(pp=pool.pp, tp=pool.tp, replicas=pool.instances, router=pool.router),
                    scheduler=sc, latency=replace(cfg.latency, profile=prof), disaggregation=None)
+
+
+ENGINES = ("fastpp", "sglang", "vllm-v1")  # the schedulers disaggregated pools run (module docstring)
 
 
 def check_pools(cfg: RunConfig) -> dict[str, RunConfig]:
     """Each pool's run config, or a one-line ConfigError naming the field."""
     sc = cfg.scheduler
-    if getattr(sc, "engine", "fastpp") != "fastpp":
-        raise ConfigError(f"config [scheduler] engine = {sc.engine!r}: disaggregated pools run FastPP's scheduler; "
-                          f"allowed: engine = 'fastpp' with [disaggregation]")
+    if getattr(sc, "engine", "fastpp") not in ENGINES:
+        raise ConfigError(f"config [scheduler] engine = {sc.engine!r}: not modelled with [disaggregation] (vLLM "
+                          f"0.6.3.post1, vllm-v0, has no disaggregated prefill; plug-in engines have no roles); "
+                          f"allowed: engine = {', '.join(repr(e) for e in ENGINES)}")
+    if sc.engine != "fastpp" and sc.prefix_cache:
+        raise ConfigError(f"config [scheduler] prefix_cache = true with [disaggregation]: prefix caches in "
+                          f"disaggregated pools are not modelled; allowed: prefix_cache = false (or unset)")
     if sc.rebalancer is not None:
         raise ConfigError("config [scheduler.rebalancer]: not supported with [disaggregation] (decode instances "
                           "admit requests through the paused list); allowed: no rebalancer")
@@ -227,7 +260,9 @@ class DisaggRun:
     simulation: slower, for tests."""
 
     def __init__(self, cfg: RunConfig, arrays: RequestArrays, itls: bool = True, audit: bool = False) -> None:
-        from sim.engine.run import build_latency, load_profile_cached, pool_sizes, startup_profile
+        from sim.engine.run import build_latency, check_settings, hardware, load_profile_cached, pool_sizes, \
+            startup_profile
+        from sim.engine.schedulers import engine as engine_of
 
         self.cfg = cfg
         dg = cfg.disaggregation
@@ -237,7 +272,12 @@ class DisaggRun:
         shapes = [PoolShape(n, getattr(dg, n).instances, getattr(dg, n).tp, getattr(dg, n).pp) for n in POOLS]
         self.placed: PlacedRun = place_pools(cfg, shapes, base.meta, base.path)
         self.env = simpy.Environment()
-        sizes, lats = {}, {}
+        self.engine = getattr(cfg.scheduler, "engine", "fastpp")
+        # vLLM's proxy sends the decode request once the prefill has returned, and its scheduler allocates the
+        # prompt's blocks when it admits it (no reserve; fewer than max_num_seqs running); SGLang's decode
+        # server pre-allocates while the prefill runs, keeping a reserve per request (module docstring)
+        self.alloc_after_prefill = self.engine == "vllm-v1"
+        sizes, lats, settings, budgets = {}, {}, {}, {}
         for name in POOLS:
             pc = self.pool_cfgs[name]
             prof = load_profile_cached(pc.latency.profile_path())
@@ -251,7 +291,16 @@ class DisaggRun:
                     hook = comm if comm.spans_nodes or any(comm.crosses) else None
                     by_key[comm.key] = build_latency(pc, hook)
                 lats[name].append(by_key[comm.key])
-            sizes[name] = pool_sizes(pc, lats[name][0])
+            if self.engine == "fastpp":
+                sizes[name] = pool_sizes(pc, lats[name][0])
+                budgets[name] = pc.scheduler.chunk_size_tokens
+            else:  # the engine's own sizing and defaults, for the pool's TP x PP (sim/engine/run.py)
+                eng = engine_of(self.engine)
+                hw = hardware(pc, lats[name][0])
+                settings[name] = eng.settings(pc.scheduler, hw)
+                check_settings(settings[name], self.engine)
+                sizes[name] = pool_sizes(pc, lats[name][0], eng, settings[name], hw)
+                budgets[name] = settings[name].token_budget
         self.model = model_of_profile(base.meta, str(base.path / "meta.toml"))
         same_model_and_gpu(self.pool_cfgs)
         self.layers = {n: list(lats[n][0].layers) for n in POOLS}
@@ -271,30 +320,40 @@ class DisaggRun:
             pc = self.pool_cfgs[name]
             kv, max_running = sizes[name][0], sizes[name][1]
             sc = pc.scheduler
+            budget = budgets[name]
             params = dict(sc.chunk_policy.params)
             if sc.chunk_policy.name == "static":
-                params.setdefault("chunk_size_tokens", sc.chunk_size_tokens)
+                params.setdefault("chunk_size_tokens", budget)
             self.instances[name] = []
             for i, lat in enumerate(lats[name]):
                 make_noise = getattr(lat, "make_noise", None)
                 startup = make_noise(f"{name}{i}-startup") if make_noise else None
                 ctx = PolicyContext(num_stages=pc.parallel.pp, slo_ttft_s=slo.ttft_ms / 1e3,
-                                    slo_tpot_s=slo.tpot_ms / 1e3, launch_chunk_tokens=sc.chunk_size_tokens,
+                                    slo_tpot_s=slo.tpot_ms / 1e3, launch_chunk_tokens=budget,
                                     kv_capacity_tokens=kv, context_length_tokens=sc.context_length_tokens,
                                     startup_profile=lambda c, lat=lat, kv=kv, noise=startup:
                                     startup_profile(lat, c, kv, self.max_req_len, noise=noise))
                 if name == "prefill":
                     policy = build_chunk_policy(sc.chunk_policy.name, params, ctx,
                                                 "config [disaggregation.prefill] chunk_policy")
-                    sched: Scheduler = PrefillScheduler(pc.parallel.pp, kv, max_running, policy.initial_chunk(),
-                                                        cfg.server.on_kv_exhausted)
+                    if self.engine == "fastpp":
+                        sched: Scheduler = PrefillScheduler(pc.parallel.pp, kv, max_running, policy.initial_chunk(),
+                                                            cfg.server.on_kv_exhausted)
+                    else:
+                        sched = build_role(self.engine, "prefill", settings[name], pc.parallel.pp, kv, max_running,
+                                           policy.initial_chunk(), cfg.server.on_kv_exhausted, sc)
                     sched.on_start = lambda shadow, now, i=i: self._started(shadow, now)
+                    sched.on_chunk = self._chunk
                     sched.on_finish = lambda shadow, i=i: self._prefilled(shadow)
                 else:
-                    policy = build_chunk_policy("static", {"chunk_size_tokens": sc.chunk_size_tokens}, ctx,
+                    policy = build_chunk_policy("static", {"chunk_size_tokens": budget}, ctx,
                                                 "config [disaggregation.decode]")
-                    sched = DecodeScheduler(pc.parallel.pp, kv, max_running, policy.initial_chunk(),
-                                            cfg.server.on_kv_exhausted)
+                    if self.engine == "fastpp":
+                        sched = DecodeScheduler(pc.parallel.pp, kv, max_running, policy.initial_chunk(),
+                                                cfg.server.on_kv_exhausted)
+                    else:
+                        sched = build_role(self.engine, "decode", settings[name], pc.parallel.pp, kv, max_running,
+                                           policy.initial_chunk(), cfg.server.on_kv_exhausted, sc)
                     sched.on_finish = lambda req, i=i: self._decoded(req, i)
                 pipe = Pipeline(self.env, sched, lat, policy, Inbox(self.env), cfg.horizon_s,
                                 slo_tpot_s=slo.tpot_ms / 1e3, guard=self.guard,
@@ -353,14 +412,21 @@ class DisaggRun:
     # -- prefill side -------------------------------------------------------------------------------------------
     def _started(self, shadow: Req, now: float) -> None:
         flow = self.flows[id(shadow)]
+        if not math.isnan(flow.start_s):  # (a shadow retracted and prefilled again started once)
+            return
         flow.start_s = now
         req = flow.req
         req.admit_s = shadow.admit_s
         req.state = RUNNING
-        if not self._direct(flow):
+        if not self._direct(flow) and not self.alloc_after_prefill:
             dec = self.instances["decode"][flow.d]
             dec.queue.append(flow)
             self._admit(dec, now)
+
+    def _chunk(self, shadow: Req, tokens: int, now: float) -> None:
+        flow = self.flows.get(id(shadow))
+        if flow is not None:
+            flow.chunks.append((now, tokens))
 
     def _prefilled(self, shadow: Req) -> None:
         flow = self.flows.pop(id(shadow))
@@ -386,14 +452,24 @@ class DisaggRun:
         # the prefill instance keeps the prompt's KV (just freed by its scheduler) until the decode side holds it
         pre.sched.kv_free -= flow.tokens
         pre.held += flow.tokens
+        if self.alloc_after_prefill:  # the decode request reaches its instance now (vLLM's proxy)
+            dec = self.instances["decode"][flow.d]
+            dec.queue.append(flow)
+            self._admit(dec, now)
+            return
         self._transfer(flow)
 
     # -- decode side --------------------------------------------------------------------------------------------
     def _admit(self, dec: Instance, now: float) -> None:
         """SGLang's pre-allocation, first come first served (module docstring, step 3)."""
         sched, reserve = dec.sched, self.dg.decode_reserve_tokens
+        vllm = self.alloc_after_prefill
+        if vllm:  # vLLM: no reserve; admitted while fewer than max_num_seqs run (`Scheduler.schedule`)
+            reserve = 0
         while dec.queue:
             flow = dec.queue[0]
+            if vllm and sched.num_active >= sched.max_running:
+                return
             allocatable = sched.kv_free - reserve * (sched.num_active + dec.in_flight)
             if allocatable < flow.tokens + reserve:
                 if sched.num_active == 0 and dec.in_flight == 0:
@@ -411,6 +487,7 @@ class DisaggRun:
     def _transfer(self, flow: Flow) -> None:
         """Book the links once both sides are ready (module docstring, step 4)."""
         layerwise = self.dg.kv_transfer == "layerwise"
+        chunked = self.dg.kv_transfer == "chunked"
         if math.isnan(flow.ready_s) or math.isnan(flow.prefilled_s):
             return
         now = self.env.now
@@ -419,11 +496,13 @@ class DisaggRun:
                                                           self.layers["prefill"], self.layers["decode"])
         d = max(busy.values(), default=0.0)
         free = max((self.link_free.get(k, -math.inf) for k in busy), default=-math.inf)
-        ready = max(flow.start_s, flow.ready_s) if layerwise else now
+        ready = max(flow.start_s, flow.ready_s) if layerwise or chunked else now
         start = max(ready, free)
         end = start + alpha + d
         if layerwise:  # the last layer's share cannot leave before the prefill has computed it
             end = max(end, flow.prefilled_s + alpha + d / self.model.num_layers)
+        if chunked:
+            end = self._chunked_end(flow, start, alpha, d)
         for k, b in busy.items():
             self.link_free[k] = end
             self.link_busy[k] = self.link_busy.get(k, 0.0) + b
@@ -433,6 +512,22 @@ class DisaggRun:
         self.transfers.append((flow.req.rid, flow.p, flow.d, start, end, flow.bytes))
         ev = self.env.timeout(max(end - now, 0.0))
         ev.callbacks.append(lambda _ev, flow=flow: self._land(flow))
+
+    def _chunked_end(self, flow: Flow, start: float, alpha: float, d: float) -> float:
+        """SGLang's chunk-by-chunk sends (`disaggregation/prefill.py`: `process_prefill_chunk` calls
+        `send_kv_chunk(req)` for each chunk but the last as its forward is done, `process_batch_result_disagg_
+        prefill` the last one with `last_chunk=True`): chunk j's share of the bytes leaves once it is computed,
+        taken to be when chunk j + 1 is scheduled (the prefill's end for the last), after the chunks before it,
+        on the links from `start` (pre-allocated, links free); alpha once at the end."""
+        sizes = [n for _t, n in flow.chunks]
+        total = sum(sizes)
+        if not sizes or total <= 0:
+            return max(start, flow.prefilled_s) + alpha + d
+        done = [t for t, _n in flow.chunks[1:]] + [flow.prefilled_s]
+        t = start
+        for computed, n in zip(done, sizes):
+            t = max(t, computed) + d * n / total
+        return t + alpha
 
     def _land(self, flow: Flow) -> None:
         """The KV has arrived: the decode side holds it, then the prefill side frees its copy (step 5)."""
@@ -618,7 +713,7 @@ class DisaggRun:
     def describe(self, everyone: list[Instance]) -> dict:
         dur = max(self.env.now - (float(self.table.arrival_s.min()) if len(self.table) else 0.0), 0.0)
         links = {f"{d}:{s.node}/{s.local_gpu}:{k}": b for (d, s, k), b in self.link_busy.items()}
-        out = {"kv_transfer": self.dg.kv_transfer, "first_token": self.dg.first_token,
+        out = {"engine": self.engine, "kv_transfer": self.dg.kv_transfer, "first_token": self.dg.first_token,
                "decode_reserve_tokens": self.dg.decode_reserve_tokens, "duration_s": dur,
                "link_busy_s": links}
         for n in POOLS:
