@@ -179,13 +179,31 @@ def test_readme_tour_step_5(tmp_path):
         assert any(ln.startswith(head) and "meets the SLOs" in ln for ln in lines), head
 
 
-def test_max_gpus_refuses_other_engines(tmp_path, capsys):
-    code = main(["plan", "--model", "llama-3.1-8b", "--gpu", "h100-sxm-80gb", "--max-gpus", "4", "--rate", "1",
-                 "--engine", "sglang", "--no-progress", "--out", str(tmp_path / "p")])
-    err = capsys.readouterr().err
-    assert code == 2 and len(err.strip().splitlines()) == 1
-    assert "--engine sglang with --max-gpus: the cluster plan runs FastPP's scheduler" in err
-    assert "allowed: --engine fastpp with --max-gpus, or --gpus N to plan other engines" in err
+def test_max_gpus_plans_every_engine(tmp_path):
+    # each engine's own candidates: fastpp the --policies; sglang and vllm-v1 their default budget
+    # (chunk_size_tokens 0) and the static budgets asked for; vllm-v0 its default only, PP 1 only, co-located
+    # only; disaggregated pools on each engine's scheduler; plan.csv names the engine and its release
+    out = tmp_path / "p"
+    code = main(["plan", "--model", "llama-3.1-8b", "--gpu", "h100-sxm-80gb", "--max-gpus", "2", "--rate", "4",
+                 "--slo", "ttft:p90:500", "--slo", "tpot:p90:30", "--quick", "--seeds", "1", "--pp", "1,2",
+                 "--policies", "static-2048", "--engine", "fastpp,sglang,vllm-v1,vllm-v0", "--jobs", "2",
+                 "--no-progress", "--out", str(out)])
+    assert code == 0
+    df = pd.read_csv(out / "plan.csv")
+    cands = df[df["status"].isin(["ok", "estimated"])]
+    assert set(cands["engine"]) == {"fastpp", "sglang", "vllm-v1", "vllm-v0"}
+    assert set(cands[cands["engine"] == "fastpp"]["policy"]) == {"static-2048"}
+    assert set(cands[cands["engine"] == "sglang"]["policy"]) == {"default", "static-2048"}
+    v0 = cands[cands["engine"] == "vllm-v0"]
+    assert set(v0["policy"]) == {"default"} and (v0["pp"] == 1).all() and set(v0["mode"]) == {"colocated"}
+    assert {"sglang", "vllm-v1"} <= set(cands[cands["mode"] == "disaggregated"]["engine"])
+    assert set(cands[cands["engine"] == "sglang"]["engine_version"]) == {"SGLang 0.5.23"}
+    assert set(cands[cands["engine"] == "vllm-v1"]["engine_version"]) == {"vLLM 0.10.1.1 (V1)"}
+    pruned = df[df["status"] == "pruned"]
+    assert pruned["reason"].str.contains("vllm-v0 with pipeline parallelism").any()
+    assert pruned["reason"].str.contains("has no disaggregated prefill").any()
+    assert df["deployment"].str.endswith("[sglang]").any()
+    assert df[df["rank"] == 1].iloc[0]["status"] == "ok"
 
 
 def test_pareto_points_and_the_staircase():

@@ -114,8 +114,8 @@ def add_commands(sub) -> None:
     p.add_argument("--first-token", choices=("decode", "prefill"), default="decode",
                    help="--max-gpus: which pool emits token 1 (decode: vLLM/SGLang/Dynamo; prefill: DistServe)")
     p.add_argument("--engine", type=_engine_list, default=("fastpp",), metavar="A,B",
-                   help="serving engines to plan over, one more axis: fastpp (default), sglang, vllm-v1 (--gpus "
-                        "only: --max-gpus runs FastPP's scheduler, as disaggregated pools do)")
+                   help="serving engines to plan over, one more axis: fastpp (default), sglang, vllm-v1, vllm-v0 "
+                        "(--max-gpus: each with its own knobs; sim/studies/cluster_plan.py)")
     p.add_argument("--workload", default="azure-conv-synth", help="workload name or a workload TOML file")
     p.add_argument("--trace", default=None, metavar="FILE",
                    help="a CSV trace (Azure columns by default) replayed at its timestamps (scaled to --rate if given)")

@@ -38,8 +38,13 @@ The search, with its stated bounds (each candidate's row says which one decided 
    where none was measured). plan.png puts each confirmed candidate at its goodput (output tokens/s per
    GPU) and the mean TPOT of its run there (`sim.studies.plan.pareto_points`).
 
-Every candidate runs FastPP's scheduler (disaggregated pools run only FastPP's): `--engine` other than
-fastpp is refused with --max-gpus.
+Engines (`--engine fastpp,sglang,vllm-v1,vllm-v0`, any subset; plan.csv's `engine`, `engine_version`): every
+candidate is searched per engine with that engine's own knobs: fastpp the `--policies` (the paper's chunk
+policies and delay scheduling); sglang and vllm-v1 their default token budget (`default`: chunked_prefill_size,
+max_num_batched_tokens) and the static budgets of `--policies` (their own knob), any other policy of
+`--policies` a what-if, labelled so (a rebalancer, FastPP's, pruned); vllm-v0 its default only, at PP 1, co-located
+only (0.6.3.post1 has no disaggregated prefill). Disaggregated pools run the engine's scheduler with its
+hand-off (`handoff`, sim/engine/disagg.py). The engines' candidates are ranked together.
 
 Ranking: confirmed candidates meeting the SLOs on every seed (sustained: not saturated), by fewest GPUs,
 then cost per hour, then margin (mean over seeds); those of the best one's GPU count whose margin CI overlaps its are tied.
@@ -98,6 +103,7 @@ class Cand:
     dshape: Shape | None = None
     D: int = 0
     screen: dict | None = None        # the screen summary that judged it (co-located: the replica's)
+    engine: str = "fastpp"            # the scheduler every instance runs (`--engine`)
 
     @property
     def gpus(self) -> int:
@@ -107,13 +113,64 @@ class Cand:
 
     def key(self) -> tuple:
         if self.mode == "colocated":
-            return ("c", self.shape, self.replicas, self.policy)
-        return ("d", self.pshape, self.P, self.policy, self.dshape, self.D)
+            return ("c", self.shape, self.replicas, self.policy, self.engine)
+        return ("d", self.pshape, self.P, self.policy, self.dshape, self.D, self.engine)
 
     def label(self) -> str:
+        tag = engine_tag(self.engine, self.policy)
         if self.mode == "colocated":
-            return f"colocated {self.replicas}x({self.shape.text()}) {self.policy}"
-        return (f"disagg P {self.P}x({self.pshape.text()}) {self.policy} + D {self.D}x({self.dshape.text()})")
+            return f"colocated {self.replicas}x({self.shape.text()}) {self.policy}{tag}"
+        return (f"disagg P {self.P}x({self.pshape.text()}) {self.policy} + D {self.D}x({self.dshape.text()}){tag}")
+
+
+ENGINE_DEFAULT = "default"  # an engine's own default token budget (chunk_size_tokens = 0)
+
+
+def engine_policies(engine: str, policies: list[str]) -> list[str]:
+    """The chunk settings a candidate of `engine` is planned with (module docstring, "Engines")."""
+    if engine == "fastpp":
+        return list(policies)
+    if engine == "vllm-v0":
+        return [ENGINE_DEFAULT]
+    return [ENGINE_DEFAULT, *policies]
+
+
+def what_if(engine: str, policy: str) -> bool:
+    """A paper's chunk policy on an engine that does not have it (`--policies` asked for it)."""
+    return engine != "fastpp" and policy in POLICIES and POLICIES[policy][0]["name"] != "static"
+
+
+def policy_spec(policy: str) -> tuple:
+    """(chunk_policy table, chunk_size_tokens, rebalancer) of a policy name (`ENGINE_DEFAULT`: static at the
+    engine's own budget, chunk_size_tokens 0)."""
+    return ({"name": "static"}, 0, None) if policy == ENGINE_DEFAULT else POLICIES[policy]
+
+
+def engine_tag(engine: str, policy: str) -> str:
+    return "" if engine == "fastpp" else f" [{engine}{', what-if' if what_if(engine, policy) else ''}]"
+
+
+def handoff(engine: str, kv_transfer: str, first_token: str) -> dict:
+    """A disaggregated candidate's hand-off: its engine's own (sim/engine/disagg.py) for SGLang (KV sent chunk
+    by chunk, token 1 sampled by the prefill server and streamed as the KV lands) and vLLM (the decode
+    instance reads the KV once the prefill has finished, then computes token 1); `--kv-transfer` and
+    `--first-token` for FastPP."""
+    if engine == "sglang":
+        return {"kv_transfer": "chunked", "first_token": "transfer"}
+    if engine == "vllm-v1":
+        return {"kv_transfer": "after_prefill", "first_token": "decode"}
+    return {"kv_transfer": kv_transfer, "first_token": first_token}
+
+
+def engine_version(engine: str) -> str:
+    """The release an engine's candidates run (its default `[scheduler] engine_version`)."""
+    import importlib
+
+    from sim.engine.schedulers import engine as engine_of
+
+    eng = engine_of(engine, where="--engine")
+    key = getattr(importlib.import_module(type(eng).__module__), "DEFAULT_VERSION", "")
+    return str(getattr(eng, "versions", {}).get(key, key))
 
 
 class CountSearch:
@@ -204,6 +261,7 @@ class ClusterPlan:
         self.network = args.network
         self.tokens = tokens
         self.policies = list(args.policies)
+        self.engines = list(getattr(args, "engine", None) or ["fastpp"])
         self.rows: list[dict] = []
         self.pruned = 0
         from sim.latency.cluster import ClusterSpec, profile_hardware
@@ -243,30 +301,38 @@ class ClusterPlan:
         wl["rate_rps"] = float(rate)
         return wl
 
-    def coloc_table(self, shape: Shape, k: int, policy: str, rate: float, seed: int, stop: bool) -> dict:
+    def coloc_table(self, shape: Shape, k: int, policy: str, rate: float, seed: int, stop: bool,
+                    engine: str = "fastpp") -> dict:
         t = deployment_table(self.workload(rate), shape.profile, k, shape.tp, shape.pp,
-                             "least-loaded" if k > 1 else "round-robin", policy, self.slo, seed, stop_early=stop)
+                             "least-loaded" if k > 1 else "round-robin",
+                             "static-2048" if policy == ENGINE_DEFAULT else policy, self.slo, seed, stop_early=stop,
+                             engine=engine)
+        if policy == ENGINE_DEFAULT:
+            t["scheduler"]["chunk_size_tokens"] = 0
         t["cluster"] = self.cluster(self.nodes_of([("colocated", k, shape)]))
         return t
 
     def disagg_table(self, ps: Shape, P: int, policy: str, ds: Shape, D: int, rate: float, seed: int, stop: bool,
-                     slo: SLO | None = None) -> dict:
-        chunk_policy, chunk, _reb = POLICIES[policy]
+                     slo: SLO | None = None, engine: str = "fastpp") -> dict:
+        chunk_policy, chunk, _reb = policy_spec(policy)
         pool = lambda s, k: {"instances": k, "tp": s.tp, "pp": s.pp, "profile": s.profile,  # noqa: E731
                              "router": "least-loaded"}
-        return {"seed": seed, "scheduler": {"chunk_size_tokens": chunk},
+        sched = {"chunk_size_tokens": chunk}
+        if engine != "fastpp":  # (a FastPP table stays as before engines were an axis: same cache keys)
+            sched["engine"] = engine
+        return {"seed": seed, "scheduler": sched,
                 "latency": {"kind": "profile", "profile": ds.profile},
                 "slo": self.slo_table(slo or self.slo, stop), "workload": self.workload(rate),
                 "cluster": self.cluster(self.nodes_of([("prefill", P, ps), ("decode", D, ds)])),
-                "disaggregation": {"kv_transfer": self.args.kv_transfer, "first_token": self.args.first_token,
+                "disaggregation": {**handoff(engine, self.args.kv_transfer, self.args.first_token),
                                    "prefill": {**pool(ps, P), "chunk_size_tokens": chunk,
                                                "chunk_policy": copy.deepcopy(chunk_policy)},
                                    "decode": pool(ds, D)}}
 
     def table_of(self, c: Cand, seed: int, stop: bool) -> dict:
         if c.mode == "colocated":
-            return self.coloc_table(c.shape, c.replicas, c.policy, self.rate, seed, stop)
-        return self.disagg_table(c.pshape, c.P, c.policy, c.dshape, c.D, self.rate, seed, stop)
+            return self.coloc_table(c.shape, c.replicas, c.policy, self.rate, seed, stop, c.engine)
+        return self.disagg_table(c.pshape, c.P, c.policy, c.dshape, c.D, self.rate, seed, stop, engine=c.engine)
 
     # -- bounds --------------------------------------------------------------------------------------------
     def bound(self, s: Shape, which: str) -> float:
@@ -283,21 +349,36 @@ class ClusterPlan:
         ttft_only = SustainedSLO(ttft_ms=slo.ttft_ms, ttft_percentile=slo.ttft_percentile, tpot_ms=RELAXED_MS,
                         tpot_percentile=slo.tpot_percentile)
         searches: list[tuple[str, tuple, CountSearch]] = []
-        # co-located replicas
-        for s in shapes:
-            lo = max(1, math.ceil(R / self.bound(s, "total") - 1e-9))
-            hi = N // s.gpus
-            for pol in self.policies:
-                base = {"mode": "colocated", "tp": s.tp, "pp": s.pp, "policy": pol, "profile": s.profile,
-                        "deployment": f"colocated kx({s.text()}) {pol}"}
-                if lo > hi:
-                    self._prune(base, f"overloaded: the throughput bound ({self.bound(s, 'total'):.3g} req/s per "
-                                      f"replica) needs >= {lo} replicas = {lo * s.gpus} GPUs > {N}")
+        usable: dict[str, list[Shape]] = {}
+        for e in self.engines:
+            usable[e] = []
+            for s in shapes:
+                if e == "vllm-v0" and s.pp > 1:
+                    self._prune({"mode": "-", "tp": s.tp, "pp": s.pp, "policy": "-", "profile": s.profile,
+                                 "engine": e, "deployment": f"instance {s.text()}{engine_tag(e, '-')}"},
+                                "vllm-v0 with pipeline parallelism (one scheduler per virtual engine) is not modelled")
                     continue
-                searches.append(("colocated", (s, pol), CountSearch(
-                    f"{s.text()} {pol}", lo, hi,
-                    lambda k, s=s, pol=pol: self.coloc_table(s, 1, pol, R / k, seed, True),
-                    slo.meets)))
+                usable[e].append(s)
+        # co-located replicas
+        for e in self.engines:
+            for s in usable[e]:
+                lo = max(1, math.ceil(R / self.bound(s, "total") - 1e-9))
+                hi = N // s.gpus
+                for pol in engine_policies(e, self.policies):
+                    base = {"mode": "colocated", "tp": s.tp, "pp": s.pp, "policy": pol, "profile": s.profile,
+                            "engine": e, "deployment": f"colocated kx({s.text()}) {pol}{engine_tag(e, pol)}"}
+                    if e != "fastpp" and policy_spec(pol)[2] is not None:
+                        self._prune(base, f"{pol}: its rebalancer moves requests between FastPP's micro-batch "
+                                          f"slots; {e} has none")
+                        continue
+                    if lo > hi:
+                        self._prune(base, f"overloaded: the throughput bound ({self.bound(s, 'total'):.3g} req/s "
+                                          f"per replica) needs >= {lo} replicas = {lo * s.gpus} GPUs > {N}")
+                        continue
+                    searches.append(("colocated", (s, pol, e), CountSearch(
+                        f"{s.text()} {pol}{engine_tag(e, pol)}", lo, hi,
+                        lambda k, s=s, pol=pol, e=e: self.coloc_table(s, 1, pol, R / k, seed, True, e),
+                        slo.meets)))
         # decode pools: ample prefill of the largest prefill shape that fits one node
         pfast = max(shapes, key=lambda s: (s.pp == 1, s.tp, -s.pp))
         pbound = self.bound(pfast, "prompt")
@@ -305,38 +386,51 @@ class ClusterPlan:
         def ample_prefill(rate: float) -> int:
             return max(1, math.ceil(rate / (PREFILL_SHARE * pbound)))
 
-        dsearch: dict[Shape, CountSearch] = {}
-        for s in shapes:
-            lo = max(1, math.ceil(R / self.bound(s, "output") - 1e-9))
-            hi = (N - 1) // s.gpus
-            base = {"mode": "disaggregated", "tp": s.tp, "pp": s.pp, "policy": "-", "profile": s.profile,
-                    "deployment": f"disagg decode pool Dx({s.text()})"}
-            if hi < 1:
-                self._prune(base, f"too large: a decode instance of {s.gpus} GPUs leaves none of the {N} for prefill")
-                continue
-            if lo > hi:
-                self._prune(base, f"overloaded: the decode throughput bound ({self.bound(s, 'output'):.3g} req/s per "
-                                  f"instance) needs >= {lo} decode instances = {lo * s.gpus} GPUs > {N - 1}")
-                continue
-            dsearch[s] = CountSearch(
-                f"decode {s.text()}", lo, hi,
-                lambda D, s=s: self.disagg_table(pfast, ample_prefill(R / D), "static-2048", s, 1, R / D, seed, True),
-                slo.meets)
+        dengines = [e for e in self.engines if e != "vllm-v0"]
+        if "vllm-v0" in self.engines:
+            self._prune({"mode": "disaggregated", "policy": "-", "engine": "vllm-v0",
+                         "deployment": "disagg [vllm-v0]"},
+                        "vllm-v0 (vLLM 0.6.3.post1) has no disaggregated prefill (its KV connector came later); "
+                        "not modelled")
+        dsearch: dict[tuple, CountSearch] = {}
+        for e in dengines:
+            dpol = "static-2048" if e == "fastpp" else ENGINE_DEFAULT
+            for s in shapes:
+                lo = max(1, math.ceil(R / self.bound(s, "output") - 1e-9))
+                hi = (N - 1) // s.gpus
+                base = {"mode": "disaggregated", "tp": s.tp, "pp": s.pp, "policy": "-", "profile": s.profile,
+                        "engine": e, "deployment": f"disagg decode pool Dx({s.text()}){engine_tag(e, '-')}"}
+                if hi < 1:
+                    self._prune(base, f"too large: a decode instance of {s.gpus} GPUs leaves none of the {N} for "
+                                      f"prefill")
+                    continue
+                if lo > hi:
+                    self._prune(base, f"overloaded: the decode throughput bound ({self.bound(s, 'output'):.3g} req/s "
+                                      f"per instance) needs >= {lo} decode instances = {lo * s.gpus} GPUs > {N - 1}")
+                    continue
+                dsearch[s, e] = CountSearch(
+                    f"decode {s.text()}{engine_tag(e, '-')}", lo, hi,
+                    lambda D, s=s, e=e, dpol=dpol: self.disagg_table(pfast, ample_prefill(R / D), dpol, s, 1, R / D,
+                                                                     seed, True, engine=e),
+                    slo.meets)
         run_searches(self.runner, [x for _, _, x in searches] + list(dsearch.values()), "plan: screens")
-        # prefill pools: ample decode of the best decode shape (fewest GPUs for R)
-        dbest = min((s for s in dsearch if dsearch[s].best is not None),
-                    key=lambda s: (dsearch[s].best * s.gpus, s.gpus), default=None)
+        # prefill pools: ample decode of the best decode shape (fewest GPUs for R) of the same engine
         psearch: dict[tuple, CountSearch] = {}
-        if dbest is not None:
-            dcount = dsearch[dbest].best
+        for e in dengines:
+            dbest = min((s for s, de in dsearch if de == e and dsearch[s, e].best is not None),
+                        key=lambda s: (dsearch[s, e].best * s.gpus, s.gpus), default=None)
+            if dbest is None:
+                continue
+            dcount = dsearch[dbest, e].best
             for s in shapes:
                 lo = max(1, math.ceil(R / self.bound(s, "prompt") - 1e-9))
                 hi = (N - dbest.gpus) // s.gpus
-                for pol in self.policies:
+                for pol in engine_policies(e, self.policies):
                     base = {"mode": "disaggregated", "tp": s.tp, "pp": s.pp, "policy": pol, "profile": s.profile,
-                            "deployment": f"disagg prefill pool Px({s.text()}) {pol}"}
-                    if POLICIES[pol][2] is not None:
-                        self._prune(base, f"{pol}: a rebalancer moves decodes between slots; a prefill instance has none")
+                            "engine": e, "deployment": f"disagg prefill pool Px({s.text()}) {pol}{engine_tag(e, pol)}"}
+                    if policy_spec(pol)[2] is not None:
+                        self._prune(base, f"{pol}: a rebalancer moves decodes between slots; a prefill instance has "
+                                          f"none")
                         continue
                     if hi < 1:
                         self._prune(base, f"too large: a prefill instance of {s.gpus} GPUs and one decode instance of "
@@ -346,41 +440,42 @@ class ClusterPlan:
                         self._prune(base, f"overloaded: the prefill throughput bound ({self.bound(s, 'prompt'):.3g} "
                                           f"req/s per instance) needs >= {lo} prefill instances = {lo * s.gpus} GPUs")
                         continue
-                    psearch[(s, pol)] = CountSearch(
-                        f"prefill {s.text()} {pol}", lo, hi,
-                        lambda P, s=s, pol=pol: self.disagg_table(s, 1, pol, dbest, math.ceil(dcount / P) + 1, R / P,
-                                                                  seed, True, slo=ttft_only),
+                    psearch[(s, pol, e)] = CountSearch(
+                        f"prefill {s.text()} {pol}{engine_tag(e, pol)}", lo, hi,
+                        lambda P, s=s, pol=pol, e=e, dbest=dbest, dcount=dcount: self.disagg_table(
+                            s, 1, pol, dbest, math.ceil(dcount / P) + 1, R / P, seed, True, slo=ttft_only, engine=e),
                         ttft_only.meets)
-            run_searches(self.runner, list(psearch.values()), "plan: prefill screens")
+        run_searches(self.runner, list(psearch.values()), "plan: prefill screens")
         cands: list[Cand] = []
-        for mode, (s, pol), cs in searches:
+        for mode, (s, pol, e), cs in searches:
             if cs.best is None:
                 self._prune({"mode": "colocated", "tp": s.tp, "pp": s.pp, "policy": pol, "profile": s.profile,
-                             "deployment": f"colocated kx({s.text()}) {pol}"},
+                             "engine": e, "deployment": f"colocated kx({s.text()}) {pol}{engine_tag(e, pol)}"},
                             f"screen: one replica misses the SLOs at {R / cs.hi:.3g} req/s, its share with "
                             f"{cs.hi} replicas (the most {N} GPUs allow)")
                 continue
-            cands.append(Cand("colocated", pol, shape=s, replicas=cs.best, screen=cs.results[cs.best]))
-        for s, cs in dsearch.items():
+            cands.append(Cand("colocated", pol, shape=s, replicas=cs.best, screen=cs.results[cs.best], engine=e))
+        for (s, e), cs in dsearch.items():
             if cs.best is None:
                 self._prune({"mode": "disaggregated", "tp": s.tp, "pp": s.pp, "policy": "-", "profile": s.profile,
-                             "deployment": f"disagg decode pool Dx({s.text()})"},
+                             "engine": e, "deployment": f"disagg decode pool Dx({s.text()}){engine_tag(e, '-')}"},
                             f"screen: one decode instance misses the SLOs at {R / cs.hi:.3g} req/s with ample prefill "
                             f"({cs.hi} instances, the most {N} GPUs allow)")
-        for (ps, pol), cs in psearch.items():
+        for (ps, pol, e), cs in psearch.items():
             if cs.best is None:
                 self._prune({"mode": "disaggregated", "tp": ps.tp, "pp": ps.pp, "policy": pol, "profile": ps.profile,
-                             "deployment": f"disagg prefill pool Px({ps.text()}) {pol}"},
+                             "engine": e,
+                             "deployment": f"disagg prefill pool Px({ps.text()}) {pol}{engine_tag(e, pol)}"},
                             f"screen: one prefill instance misses the TTFT SLO at {R / cs.hi:.3g} req/s with ample "
                             f"decode ({cs.hi} instances)")
                 continue
-            for ds, dcs in dsearch.items():
-                if dcs.best is None:
+            for (ds, de), dcs in dsearch.items():
+                if de != e or dcs.best is None:
                     continue
                 c = Cand("disaggregated", pol, pshape=ps, P=cs.best, dshape=ds, D=dcs.best,
-                         screen=_compose(cs.results[cs.best], dcs.results[dcs.best]))
+                         screen=_compose(cs.results[cs.best], dcs.results[dcs.best]), engine=e)
                 if c.gpus > N:
-                    self._prune({"mode": "disaggregated", "tp": ps.tp, "pp": ps.pp, "policy": pol,
+                    self._prune({"mode": "disaggregated", "tp": ps.tp, "pp": ps.pp, "policy": pol, "engine": e,
                                  "deployment": c.label(), "gpus": c.gpus},
                                 f"composed: {cs.best} prefill + {dcs.best} decode instances need {c.gpus} GPUs > {N}")
                     continue
@@ -438,12 +533,12 @@ class ClusterPlan:
     def _bump(self, c: Cand, summ: dict) -> Cand | None:
         """The next count of the instance kind that missed (TTFT: prefill, else decode / replicas)."""
         if c.mode == "colocated":
-            n = Cand("colocated", c.policy, shape=c.shape, replicas=c.replicas + 1, screen=c.screen)
+            n = Cand("colocated", c.policy, shape=c.shape, replicas=c.replicas + 1, screen=c.screen, engine=c.engine)
         else:
             ttft = summ.get(f"p{self.slo.ttft_percentile:g}_ttft_ms")
             prefill_missed = ttft is None or ttft > self.slo.ttft_ms
             n = Cand("disaggregated", c.policy, pshape=c.pshape, P=c.P + prefill_missed, dshape=c.dshape,
-                     D=c.D + (not prefill_missed), screen=c.screen)
+                     D=c.D + (not prefill_missed), screen=c.screen, engine=c.engine)
         return n if n.gpus <= self.N else None
 
     def _goodputs(self, ok: list[Cand]) -> dict[tuple, tuple[float, dict | None]]:
@@ -454,7 +549,8 @@ class ClusterPlan:
 
     def _row(self, c: Cand, summ: list[dict] | None, found: tuple[float, dict | None] | None) -> dict:
         base = {"mode": c.mode, "deployment": c.label(), "policy": c.policy, "gpus": c.gpus,
-                "rate_rps": self.rate}
+                "rate_rps": self.rate, "engine": c.engine, "engine_version": engine_version(c.engine),
+                "what_if": what_if(c.engine, c.policy)}
         if c.mode == "colocated":
             base.update(replicas=c.replicas, tp=c.shape.tp, pp=c.shape.pp, profile=c.shape.profile,
                         nodes=self.nodes_of([("colocated", c.replicas, c.shape)]))
@@ -589,11 +685,8 @@ def run_cluster_plan(args) -> tuple[pd.DataFrame, dict]:
     if args.seeds < 1:
         raise ConfigError("--seeds must be >= 1")
     engines = list(getattr(args, "engine", None) or ["fastpp"])
-    other = [e for e in engines if e != "fastpp"]
-    if other:
-        raise ConfigError(f"--engine {other[0]} with --max-gpus: the cluster plan runs FastPP's scheduler "
-                          f"(disaggregated pools run only FastPP's); allowed: --engine fastpp with --max-gpus, or "
-                          f"--gpus N to plan other engines")
+    for e in engines:
+        engine_version(e)  # one-line error naming the known engines
     load_network(args.network)  # one-line error naming the allowed networks
     bad = [p for p in args.policies if p not in POLICIES]
     if bad or not args.policies:
@@ -630,6 +723,8 @@ def run_cluster_plan(args) -> tuple[pd.DataFrame, dict]:
                                             for r in dropped]])
     df["interconnect"] = fam.name
     df["router"] = "least-loaded"
+    if "engine" in df:  # (a dropped shape is dropped for every engine)
+        df["engine"] = df["engine"].fillna("-")
     df = rank_cluster(df)
     df["warnings"] = [_cluster_warnings(r) for r in df.to_dict("records")]
     checks = verify(runner, df.to_dict("records"), load.rate_rps, slo) if getattr(args, "verify", False) else None
@@ -639,7 +734,8 @@ def run_cluster_plan(args) -> tuple[pd.DataFrame, dict]:
             "slo": slo.describe(), "seeds": len(seeds), "rate_rps": load.rate_rps, "load": load.note,
             "workload_warnings": list(load.changes), "interconnect_notes": [], "tokens_per_request": tokens["total"], "output_tokens_per_request":
             tokens["output"], "pruned": plan.pruned, "kv_transfer": args.kv_transfer,
-            "first_token": args.first_token, "policies": list(args.policies),
+            "first_token": args.first_token, "policies": list(args.policies), "engines": engines,
+            "engine_versions": {e: engine_version(e) for e in engines},
             "cost_unit": cost_unit({fam.name: price} if price else {}),
             "rule": "fewest GPUs meeting the SLOs on every seed (sustained: not saturated), then cost per hour, "
                     "then margin"}
