@@ -52,6 +52,17 @@ def _verify_lines(meta: dict) -> list[str]:
         if checks else ["", "verify: nothing to check (no candidate ranked or with a goodput)"]
 
 
+def _policies_text(args) -> str:
+    """The header's chunk policies: the paper's for fastpp, each other engine's own (sim.studies.plan
+    policies_for)."""
+    if args.max_gpus:
+        return f"each of {', '.join(args.policies)}"
+    from sim.studies.plan import policies_for
+
+    return "; ".join(f"{e}: {', '.join(policies_for({'engine': e}, args.policies_asked))}"
+                     for e in (args.engine or ("fastpp",)))
+
+
 def _int_list(text: str) -> tuple[int, ...]:
     try:
         vals = tuple(int(v) for v in text.split(","))
@@ -104,9 +115,11 @@ def add_commands(sub) -> None:
                    help="--max-gpus: the PP degrees searched per pool (default 1,2,4)")
     p.add_argument("--tp", type=_int_list, default=None, metavar="1,2,4,8",
                    help="--max-gpus: the TP degrees searched per pool (default: 1, 2, 4, ... up to the node's GPUs)")
-    p.add_argument("--policies", type=_name_list, default=("static-512", "static-2048"), metavar="A,B",
-                   help="--max-gpus: the chunk policies searched (default static-512,static-2048; any of "
-                        + ", ".join(POLICIES) + ")")
+    p.add_argument("--policies", type=_name_list, default=None, metavar="A,B",
+                   help="the chunk policies searched (any of " + ", ".join(POLICIES) + "); --max-gpus default "
+                        "static-512,static-2048; --gpus default: every one for fastpp, and each other engine its own "
+                        "token budget (default, static-512, static-2048; vllm-v0: its default only); a paper policy "
+                        "named here runs on sglang and vllm-v1 too, labelled what-if:NAME")
     p.add_argument("--confirm", type=int_in(1, 100), default=4,
                    help="--max-gpus: candidates simulated in full per round, fewest GPUs first (default 4)")
     p.add_argument("--kv-transfer", choices=("after_prefill", "layerwise"), default="after_prefill",
@@ -114,12 +127,14 @@ def add_commands(sub) -> None:
     p.add_argument("--first-token", choices=("decode", "prefill"), default="decode",
                    help="--max-gpus: which pool emits token 1 (decode: vLLM/SGLang/Dynamo; prefill: DistServe)")
     p.add_argument("--engine", type=_engine_list, default=("fastpp",), metavar="A,B",
-                   help="serving engines to plan over, one more axis: fastpp (default), sglang, vllm-v1, vllm-v0 "
-                        "(--max-gpus: each with its own knobs; sim/studies/cluster_plan.py)")
+                   help="serving engines to plan over, one more axis: any of fastpp (default), sglang, vllm-v1, "
+                        "vllm-v0 (pp = 1 only), each with its own knobs (--policies; --max-gpus: sim/studies/cluster_plan.py)")
     p.add_argument("--workload", default="azure-conv-synth", help="workload name or a workload TOML file")
     p.add_argument("--trace", default=None, metavar="FILE",
                    help="a CSV trace (Azure columns by default) replayed at its timestamps (scaled to --rate if given)")
-    p.add_argument("--set", action="append", default=[], metavar="workload.KEY=VALUE", help="workload override")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="an override as ppsim run takes it: workload.KEY, scheduler.KEY, latency.KEY or server.KEY "
+                        "(not what the plan chooses: parallel.*, scheduler.engine, the chunk settings, the profile)")
     p.add_argument("--rate", type=float_in(0, 1e6, lo_open=True), default=None,
                    help="the load in req/s: simulate every candidate at it (default: rank by goodput)")
     p.add_argument("--slo", action="append", default=[], metavar="METRIC:pQ:MS",
@@ -171,6 +186,10 @@ def cmd_plan(args) -> int:
         raise ConfigError(f"--interconnect {args.interconnect} picks one of the A100 profile families; with "
                           f"{'--gpu ' + args.gpu if args.gpu else '--max-gpus (whose --gpu defaults to h100-sxm-80gb)'} "
                           f"the GPU's own profiles fix it; allowed: --interconnect without --gpu and --max-gpus")
+    # which policies were asked for (None: each engine's own set) and the --max-gpus default
+    args.policies_asked = args.policies
+    if args.policies is None:
+        args.policies = ("static-512", "static-2048") if args.max_gpus else tuple(POLICIES)
     source, rate = describe_workload({"name": args.workload})
     if getattr(args, "trace", None):  # (the trace replayed, not the --workload default)
         source = f"trace {args.trace}"
@@ -189,7 +208,7 @@ def cmd_plan(args) -> int:
                     if (args.gpus or 4) > args.gpus_per_node else ""))
     print(format_header({
         "model": args.model, "gpus": gpus_text,
-        "chunk policy": f"each of {', '.join(args.policies if args.max_gpus else POLICIES)}", "workload": source, "rate": load,
+        "chunk policy": _policies_text(args), "workload": source, "rate": load,
         "seed": f"1-{args.seeds} (paired)" if args.seeds > 1 else "1", "slo": slo_text,
     }), flush=True)
     df, meta = run_plan(args)

@@ -83,6 +83,17 @@ POLICIES = {
     "predictive": ({"name": "predictive"}, 128, None),
     "predictive+DS": ({"name": "predictive"}, 128, {"name": "delay-scheduling"}),
 }
+# What each other engine is planned with: its own knob, the step's token budget (SGLang's
+# --chunked-prefill-size, vLLM's --max-num-batched-tokens), at the engine's default ("default": chunk 0, the
+# engine sizes it: sim/engine/schedulers/sglang.py, vllm_v1.py `settings`) and two static values; vLLM V0 runs
+# without chunked prefill (its budget is max(max_model_len, 2048): vllm_v0.py), so its default only. The paper's
+# policies (greedy, predictive) run on them only when named in --policies, labelled "what-if:" (no such engine
+# has them); predictive+DS needs FastPP's micro-batch rebalancer and never runs elsewhere.
+ENGINE_DEFAULT = "default"
+ENGINE_POLICIES = {"sglang": (ENGINE_DEFAULT, "static-512", "static-2048"),
+                   "vllm-v1": (ENGINE_DEFAULT, "static-512", "static-2048"),
+                   "vllm-v0": (ENGINE_DEFAULT,)}
+WHAT_IF = "what-if:"
 RATES = [0.25, 0.5, 1, 2, 4, 8, 16, 32, 64]
 KV_HEADROOM_WARN = 0.05
 GOODPUT_REPLICATE = 0.7  # goodput mode: more seeds for candidates within 70% of the best first seed
@@ -171,9 +182,24 @@ class Split:
     reason: str  # why it is dropped; "" if it can run
 
 
+def model_context(prof: Profile, context: int | None) -> int:
+    """The context a run of `prof` serves: `context` when set (`--set scheduler.context_length_tokens`;
+    beyond the model's own, refused as `ppsim run` refuses it: sim/engine/run.py pool_sizes), else the
+    default 16,384, never beyond the model's own context."""
+    own = prof.context_length
+    if context is None:
+        return min(CONTEXT_TOKENS, own) if own else CONTEXT_TOKENS
+    if own and context > own:
+        raise ConfigError(f"--set scheduler.context_length_tokens={context}: exceeds the model's context length "
+                          f"{own} (profile {_short(Path(prof.path))}: [model] "
+                          f"context_length_tokens); allowed: <= {own}")
+    return context
+
+
 def splits(family_path: Path, name: str, model: str, gpus: int, mem_fraction: float = MEM_FRACTION,
-           context: int = CONTEXT_TOKENS) -> list[Split]:
-    """Every replicas x TP x PP split of `gpus` GPUs; TP over the divisors of a replica's GPUs."""
+           context: int | None = None) -> list[Split]:
+    """Every replicas x TP x PP split of `gpus` GPUs; TP over the divisors of a replica's GPUs. A split whose
+    KV pool cannot hold one request of the context it serves (`model_context`) is dropped, with the reason."""
     if not (family_path / model).is_dir() and model not in _library_models():
         known = sorted(d.name for d in family_path.iterdir() if d.is_dir())
         raise ConfigError(f"--model {model!r}: no profile in {family_path}; allowed: {', '.join(known)}")
@@ -192,8 +218,9 @@ def splits(family_path: Path, name: str, model: str, gpus: int, mem_fraction: fl
                                  f"PP {pp} > the model's {prof.shape().num_layers} layers"))
                 continue
             kv = kv_capacity_tokens(prof, pp, mem_fraction)
-            reason = "" if kv >= context else (weights_reason(family_path, model, tp, pp) or
-                                                f"does not fit: KV pool {max(kv, 0)} tokens < one {context}-token request")
+            ctx = model_context(prof, context)
+            reason = "" if kv >= ctx else (weights_reason(family_path, model, tp, pp) or
+                                            f"does not fit: KV pool {max(kv, 0)} tokens < one {ctx}-token request")
             out.append(Split(name, replicas, tp, pp, _short(path), kv, reason))
     return out
 
@@ -356,16 +383,37 @@ def mean_tokens(reqs, context: int = CONTEXT_TOKENS) -> dict[str, float]:
 
 # -- runs -----------------------------------------------------------------------------------
 
-def policies_for(c: dict) -> list[str]:
-    """The chunk policies a candidate is planned with: every one for FastPP; the others'
-    schedulers have no micro-batch rebalancer, so not predictive+DS."""
-    return [p for p in POLICIES if c.get("engine", "fastpp") == "fastpp" or POLICIES[p][2] is None]
+def policies_for(c: dict, asked: tuple[str, ...] | None = None) -> list[str]:
+    """The chunk policies a candidate is planned with: FastPP, the paper's (every one, or those `asked` in
+    --policies); another engine, its own knob (`ENGINE_POLICIES`: its default and static chunks, those asked
+    when --policies names some) and a paper policy only when asked, as a labelled what-if (never
+    predictive+DS: the rebalancer is FastPP's)."""
+    eng = c.get("engine", "fastpp")
+    if eng == "fastpp":
+        return [p for p in POLICIES if asked is None or p in asked]
+    native = ENGINE_POLICIES.get(eng, (ENGINE_DEFAULT,))
+    if asked is None:
+        return list(native)
+    own = [p for p in native if p in asked or p == ENGINE_DEFAULT]
+    if eng == "vllm-v0":  # no chunked prefill: nothing else to set
+        return own
+    return own + [WHAT_IF + p for p in asked if p not in native and POLICIES[p][2] is None]
+
+
+def policy_spec(policy: str) -> tuple[dict, int, dict | None]:
+    """(chunk_policy table, chunk tokens, rebalancer) of a planned policy name (`POLICIES`, the engines' own
+    "default": chunk 0, and "what-if:NAME")."""
+    if policy == ENGINE_DEFAULT:
+        return {"name": "static"}, 0, None
+    return POLICIES[policy.removeprefix(WHAT_IF)]
 
 
 def deployment_table(workload: dict, profile: str, replicas: int, tp: int, pp: int, router: str, policy: str,
                      slo: SLO, seed: int = 1, stop_early: bool = False, engine: str = "fastpp",
-                     cluster: dict | None = None) -> dict:
-    chunk_policy, chunk, rebalancer = POLICIES[policy]
+                     cluster: dict | None = None, overrides: tuple[str, ...] = ()) -> dict:
+    """One candidate's run config table; `overrides`: the plan's `--set` of the engine's settings
+    (`engine_overrides`), applied last as `ppsim run --set` applies them."""
+    chunk_policy, chunk, rebalancer = policy_spec(policy)
     slo_table = {k: v for k, v in vars(slo).items() if v is not None}
     slo_table["stop_when_violated"] = stop_early
     table = {
@@ -382,6 +430,10 @@ def deployment_table(workload: dict, profile: str, replicas: int, tp: int, pp: i
         table["scheduler"]["engine"] = engine
     if cluster is not None:  # placed on nodes (sim/engine/cluster.py); one node: no table, the same run
         table["cluster"] = copy.deepcopy(cluster)
+    if overrides:  # (none: the table as before, the same cache keys)
+        from sim.core.config import apply_overrides
+
+        table = apply_overrides(table, list(overrides))
     return table
 
 
@@ -399,6 +451,81 @@ def cluster_table(nodes: int, gpus_per_node: int, network: str) -> dict | None:
     if nodes <= 1:
         return None
     return {"nodes": nodes, "gpus_per_node": gpus_per_node, "network": network}
+
+
+# What a plan's --set may not set: what the plan searches or takes from its own flags.
+PLAN_OWNS = {"parallel": "the plan searches TP, PP and replicas", "seed": "--seeds", "slo": "--slo",
+             "scheduler.engine": "--engine", "scheduler.chunk_size_tokens": "the chunk axis, --policies",
+             "scheduler.chunk_policy": "the chunk axis, --policies", "scheduler.rebalancer": "the chunk axis, --policies",
+             "latency.kind": "--model and --gpu", "latency.profile": "--model and --gpu"}
+SET_SECTIONS = ("workload", "scheduler", "latency", "server")
+
+
+def plan_overrides(sets: list[str]) -> tuple[dict, tuple[str, ...]]:
+    """A plan's `--set`s: (the [workload] fields, the engine's settings as `--set` texts), the sections
+    `ppsim run --set` sets other than what the plan chooses (`PLAN_OWNS`)."""
+    from sim.core.config import apply_overrides, parse_override
+
+    workload, engine = [], []
+    for text in sets:
+        path, _ = parse_override(text)
+        key = ".".join(path)
+        owner = next((v for k, v in PLAN_OWNS.items() if key == k or key.startswith(k + ".")), None)
+        if owner:
+            raise ConfigError(f"--set {text!r}: {key} is what the plan chooses ({owner}); allowed: workload.KEY, "
+                              f"scheduler.KEY, latency.KEY or server.KEY other than "
+                              f"{', '.join(k for k in PLAN_OWNS if '.' in k)}")
+        if path[0] not in SET_SECTIONS or len(path) < 2:
+            raise ConfigError(f"--set {text!r}: {path[0]!r} is no section a plan sets; allowed: "
+                              f"{', '.join(s + '.KEY' for s in SET_SECTIONS)}")
+        (workload if path[0] == "workload" else engine).append(text)
+    return apply_overrides({"workload": {}}, workload)["workload"], tuple(engine)
+
+
+def engine_sizes(engine_sets: tuple[str, ...]) -> tuple[int | None, float]:
+    """(context_length_tokens set, else None; mem_fraction set, else the plan's MEM_FRACTION) of the engine
+    `--set`s, for the memory fit of the splits."""
+    from sim.core.config import apply_overrides
+
+    sc = apply_overrides({}, list(engine_sets)).get("scheduler", {})
+    ctx, frac = sc.get("context_length_tokens"), sc.get("mem_fraction")
+    ctx = ctx if isinstance(ctx, int) and not isinstance(ctx, bool) and ctx > 0 else None
+    frac = float(frac) if isinstance(frac, (int, float)) and not isinstance(frac, bool) and 0 < frac <= 1 \
+        else MEM_FRACTION
+    return ctx, frac
+
+
+def engine_overrides(engine_sets: tuple[str, ...], engine: str, engines: list[str]) -> tuple[str, ...]:
+    """The engine `--set`s a run of `engine` takes: a knob only some engines read (sim.core.config
+    ENGINE_KNOBS, e.g. SGLang's schedule_policy) goes to the plan's engines that read it; one that none of
+    them reads goes to every run, to be refused as `ppsim run` refuses it."""
+    from sim.core.config import ENGINE_KNOBS, parse_override
+
+    out = []
+    for text in engine_sets:
+        path, _ = parse_override(text)
+        readers = ENGINE_KNOBS.get(path[-1], ()) if path[0] == "scheduler" and len(path) == 2 else ()
+        if readers and engine not in readers and any(e in readers for e in engines):
+            continue
+        out.append(text)
+    return tuple(out)
+
+
+def check_engine_sets(cands: list[dict], load, slo: SLO, sets: dict) -> None:
+    """Every engine's run config, with its `--set`s, validated as `ppsim run` validates it (one candidate
+    per engine), before anything is simulated: a bad value is a one-line error naming the `--set`."""
+    from sim.core.config import config_from_table
+
+    seen = set()
+    for c in cands:
+        eng = c.get("engine", "fastpp")
+        if eng in seen or not sets.get(eng):
+            continue
+        seen.add(eng)
+        t = deployment_table(load.table, c["profile"], c["replicas"], c["tp"], c["pp"], "round-robin",
+                             "static-2048" if eng == "fastpp" else ENGINE_DEFAULT, slo, engine=eng,
+                             overrides=sets[eng])
+        config_from_table(t, f"plan --set (engine {eng})")
 
 
 GOODPUT_RESOLUTION = 1.1   # a goodput above the rate is bracketed to within 10% (the highest pass / lowest fail)
@@ -547,14 +674,8 @@ def run_plan(args) -> tuple[pd.DataFrame, dict]:
     slo.validate("plan --slo")
     if args.gpus < 1 or args.seeds < 1:
         raise ConfigError("--gpus and --seeds must be >= 1")
-    overrides = {}
-    for text in args.set:
-        if "=" not in text or not text.startswith("workload."):
-            raise ConfigError(f"--set {text!r}: plan accepts workload.KEY=VALUE overrides only")
-        from sim.core.config import parse_override
-
-        path, value = parse_override(text)
-        overrides[path[1]] = value
+    overrides, engine_sets = plan_overrides(args.set)
+    context, mem_fraction = engine_sizes(engine_sets)
     out = Path(args.out)
     # more GPUs than a node holds: every split is placed on nodes of --gpus-per-node GPUs joined by --network
     # (its cross-node sends and spanning all-reduces costed there; sim/engine/cluster.py)
@@ -596,14 +717,12 @@ def run_plan(args) -> tuple[pd.DataFrame, dict]:
     rows, cands = [], []
     engines = list(getattr(args, "engine", None) or ["fastpp"])
     for eng in engines:
-        if eng == "vllm-v0":
-            raise ConfigError("--engine vllm-v0: its steps take whole prompts (no chunk to plan over) and it runs "
-                              "pp = 1 only; allowed: fastpp, sglang, vllm-v1")
         from sim.engine.schedulers import engine as engine_of
 
         engine_of(eng, where="--engine")
     for fam_name, fam in families:
-        for sp, eng in ((sp, eng) for sp in splits(fam, fam_name, args.model, args.gpus) for eng in engines):
+        for sp, eng in ((sp, eng) for sp in splits(fam, fam_name, args.model, args.gpus, mem_fraction, context)
+                        for eng in engines):
             routers = ["round-robin", "least-loaded"] if sp.replicas > 1 else ["single"]
             nodes = nodes_used(gpn, [("colocated", sp.replicas, sp.tp, sp.pp)])
             for router in routers:
@@ -612,8 +731,11 @@ def run_plan(args) -> tuple[pd.DataFrame, dict]:
                         "network": network if nodes > 1 else "-", "mode": "colocated", "engine": eng,
                         "router": router, "family": family(sp.replicas, sp.tp, sp.pp),
                         "profile": sp.profile, "kv_tokens": sp.kv_tokens}
-                if sp.reason:
-                    rows.append({**base, "policy": "-", "status": "dropped", "reason": sp.reason})
+                reason = sp.reason or ("vllm-v0 runs pp = 1 only (V0's one scheduler per virtual engine is not "
+                                       "modelled: sim/engine/schedulers/vllm_v0.py)" if eng == "vllm-v0" and sp.pp > 1
+                                       else "")
+                if reason:
+                    rows.append({**base, "policy": "-", "status": "dropped", "reason": reason})
                     continue
                 bound = throughput_bound_rps(sp.profile, sp.pp, sp.replicas, tokens)
                 base["throughput_bound_rps"] = bound
@@ -623,11 +745,14 @@ def run_plan(args) -> tuple[pd.DataFrame, dict]:
                                            f"req/s ({tokens:.0f} tokens per request)"})
                     continue
                 cands.append(base)
+    sets = {eng: engine_overrides(engine_sets, eng, engines) for eng in engines}
+    check_engine_sets(cands, load, slo, sets)
+    asked = getattr(args, "policies_asked", None)
     price = {c["interconnect"]: prices.get(c["interconnect"]) for c in cands}
     if mode == "rate":
-        rows += _plan_at_rate(runner, cands, load, slo, seeds, price, args.replicate_within)
+        rows += _plan_at_rate(runner, cands, load, slo, seeds, price, args.replicate_within, sets, asked)
     else:
-        rows += _plan_goodput(runner, cands, load, slo, seeds, price, args)
+        rows += _plan_goodput(runner, cands, load, slo, seeds, price, args, sets, asked)
     if load.per_unit != 1.0:
         rows = [in_requests(r, load.per_unit, price.get(r["interconnect"])) for r in rows]
     df = pd.DataFrame(rows)
@@ -651,17 +776,20 @@ def run_plan(args) -> tuple[pd.DataFrame, dict]:
     return df, meta
 
 
-def _plan_at_rate(runner, cands, load, slo, seeds, price, within: float) -> list[dict]:
+def _plan_at_rate(runner, cands, load, slo, seeds, price, within: float, sets: dict | None = None,
+                  asked: tuple[str, ...] | None = None) -> list[dict]:
     """Every candidate x policy at the load. The first seed runs everywhere, stopping a run
     once a percentile is certain to exceed twice its threshold; the other seeds run only for
     candidates that could matter: not stopped, and within `within` of the SLO boundary or of
     the best first-seed margin of their cost (others keep one seed, and say so)."""
-    items = [(c, p) for c in cands for p in policies_for(c)]
+    items = [(c, p) for c in cands for p in policies_for(c, asked)]
+    sets = sets or {}
 
     def table(c, policy, seed):
         router = "round-robin" if c["router"] == "single" else c["router"]
         t = deployment_table(load.table, c["profile"], c["replicas"], c["tp"], c["pp"], router, policy, slo, seed,
-                             stop_early=True, engine=c.get("engine", "fastpp"), cluster=_cluster_of(c))
+                             stop_early=True, engine=c.get("engine", "fastpp"), cluster=_cluster_of(c),
+                             overrides=sets.get(c.get("engine", "fastpp"), ()))
         t["slo"]["stop_factor"] = STOP_FACTOR
         return t
 
@@ -724,21 +852,25 @@ def _cluster_of(c: dict) -> dict | None:
     return cluster_table(int(c.get("nodes", 1)), int(c.get("gpus_per_node", 8)), c.get("network", "ib-ndr"))
 
 
-def _plan_goodput(runner, cands, load, slo, seeds, price, args) -> list[dict]:
+def _plan_goodput(runner, cands, load, slo, seeds, price, args, sets: dict | None = None,
+                  asked: tuple[str, ...] | None = None) -> list[dict]:
     rows = []
+    sets = sets or {}
     tol = 0.25 if args.quick else 0.05
 
     def search(c, policy, seed, stop=True):
         router = "round-robin" if c["router"] == "single" else c["router"]
         table = deployment_table(load.table, c["profile"], c["replicas"], c["tp"], c["pp"], router, policy, slo,
-                                 seed, stop_early=stop, engine=c.get("engine", "fastpp"), cluster=_cluster_of(c))
+                                 seed, stop_early=stop, engine=c.get("engine", "fastpp"), cluster=_cluster_of(c),
+                                 overrides=sets.get(c.get("engine", "fastpp"), ()))
         top = c["throughput_bound_rps"] / load.per_unit  # (in the workload's rate unit)
         rates = [r for r in RATES if r < top] + [round(top, 4)]
         found = Search({"policy": policy, "seed": seed}, table, sorted(set(rates)), slo=slo)
         found.min_window_s = max(found.window_s, probe_window_s(args))  # held, not a burst (PROBE_MIN_WINDOW_S)
         return found
 
-    screens = [search(c, "static-512" if c["pp"] > 1 else "static-2048", seeds[0]) for c in cands]
+    screens = [search(c, ("static-512" if c["pp"] > 1 else "static-2048") if c.get("engine", "fastpp") == "fastpp"
+                      else ENGINE_DEFAULT, seeds[0]) for c in cands]
     found = goodput_searches(runner, screens, tol=0.5, desc="plan: screen", full_sweep=False)
     best = {}
     for c, f in zip(cands, found):
@@ -752,7 +884,7 @@ def _plan_goodput(runner, cands, load, slo, seeds, price, args) -> list[dict]:
                                    f"best split's {best[c['interconnect']]:.2f} req/s"})
         else:
             kept.append(c)
-    items = [(c, p) for c in kept for p in policies_for(c)]
+    items = [(c, p) for c in kept for p in policies_for(c, asked)]
     first = goodput_searches(runner, [search(c, p, seeds[0]) for c, p in items], tol=tol, desc="plan: goodput",
                              full_sweep=False)
     # The other seeds only where they can matter: within GOODPUT_REPLICATE of the best first-seed
