@@ -75,3 +75,15 @@ def test_plan_takes_every_engine_and_drops_what_one_cannot_run(tmp_path, capsys)
     assert set(df["engine"]) == {"fastpp", "sglang", "vllm-v1", "vllm-v0"}
     v0 = df[(df["engine"] == "vllm-v0") & (df["pp"] > 1)]
     assert len(v0) and (v0["status"] == "dropped").all() and v0["reason"].str.contains("pp = 1 only").all()
+
+
+def test_truncation_is_warned_and_recorded(tmp_path, capsys):
+    out = tmp_path / "p"
+    assert main(["plan", "--model", "qwen2.5-14b", "--gpus", "1", "--rate", "0.5", "--seeds", "1", "--quick",
+                 "--set", "workload.num_requests=20", "--set", "scheduler.context_length_tokens=256",
+                 "--policies", "static-512", "--no-progress", "--out", str(out)]) == 0
+    err = capsys.readouterr().err
+    doc = json.loads((out / "plan.json").read_text())
+    assert doc["truncation"] and doc["truncation"][0]["context_length_tokens"] == 256
+    assert doc["truncation"][0]["truncated_prompts"] + doc["truncation"][0]["clipped_outputs"] > 0
+    assert "cut requests to their context or KV pool" in err

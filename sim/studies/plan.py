@@ -596,6 +596,9 @@ def at_rate_row(summaries: list[dict], slo: SLO) -> dict:
     row["seeds_meeting"] = sum(slo.meets(s) for s in summaries)
     row["meets_slo"] = row["seeds_meeting"] == len(summaries)
     row["run_status"] = ";".join(sorted({s.get("status") or "?" for s in summaries}))
+    # what the runs cut of the requests (the context or the pool: sim/cli/run.py run_warnings), never silent
+    row["truncated_prompts"] = max(int(s.get("num_truncated_prompts") or 0) for s in summaries)
+    row["clipped_outputs"] = max(int(s.get("num_clipped_outputs") or 0) for s in summaries)
     return row
 
 
@@ -770,6 +773,18 @@ def run_plan(args) -> tuple[pd.DataFrame, dict]:
             "gpus_per_node": gpn, "network": network if args.gpus > gpn else None,
             "cost_unit": cost_unit(prices),
             "rule": RULE_RATE if mode == "rate" else RULE_GOODPUT}
+    cut = df[(df.get("truncated_prompts", 0) > 0) | (df.get("clipped_outputs", 0) > 0)] \
+        if "truncated_prompts" in df else df.iloc[:0]
+    meta["truncation"] = [{"deployment": r["deployment"], "truncated_prompts": int(r["truncated_prompts"]),
+                           "clipped_outputs": int(r["clipped_outputs"]), "context_length_tokens": context
+                           or CONTEXT_TOKENS} for r in cut.to_dict("records")]
+    if meta["truncation"]:
+        worst = max(meta["truncation"], key=lambda t: t["truncated_prompts"] + t["clipped_outputs"])
+        meta["workload_warnings"].append(
+            f"{len(cut)} candidate(s) cut requests to their context or KV pool (at most "
+            f"{worst['truncated_prompts']} prompt(s) truncated and {worst['clipped_outputs']} output(s) clipped, "
+            f"{worst['deployment']}; context {worst['context_length_tokens']} tokens unless the model's is shorter; "
+            f"plan.json truncation; raise it with --set scheduler.context_length_tokens=N)")
     meta["verdict"] = verdict(df, mode, slo.describe(), meta["rate_rps"], meta["cost_unit"])
     if checks is not None:
         meta["verification"] = checks

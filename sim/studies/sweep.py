@@ -74,7 +74,7 @@ SUMMARY_FIELDS = (
     "kv_capacity_tokens", "num_retractions", "duration_s", "num_iterations", "num_chunk_decisions",
     "num_rebalancer_moves", "bubble_ms_per_iter", "total_bubble_s", "prefill_tokens_per_s", "output_tokens_per_s",
     "slo_ttft_ms", "slo_tpot_ms", "slo_e2e_ms", "slo", "meets_slo", "num_late_requests", "saturated",
-    "sustained_throughput_rps", "offered_rate_rps", "completion_rate_rps",
+    "sustained_throughput_rps", "offered_rate_rps", "completion_rate_rps", "num_truncated_prompts", "num_clipped_outputs",
     # multi-node and disaggregated runs (sim/outputs/cluster.py; absent: None)
     "mode", "gpus", "nodes_used", "mean_kv_transfer_ms", "p99_kv_transfer_ms", "kv_link_utilisation_max",
 )
