@@ -91,7 +91,8 @@ def test_sglang_log_replays_its_own_requests(tmp_path, capsys, fast_config):
     real = read_bench_log(log)[0]
     reqs = log_requests(real, seed=1)
     assert [(r.prompt_tokens, r.output_tokens) for r in reqs] == [(INS[i], OUTS[i]) for i in ok]
-    summary = summarize(run(load_config(fast_config), reqs))
+    # (replayed on the engine the log names, its API server included: sim/latency/frontend.py)
+    summary = summarize(run(load_config(fast_config, ['scheduler.engine="sglang"']), reqs))
     assert by[("ttft", "p99")]["sim"] == pytest.approx(summary["p99_ttft_ms"])
     assert by[("itl", "mean")]["sim"] == pytest.approx(summary["mean_itl_ms"])
     r = by[("e2e", "mean")]

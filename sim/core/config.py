@@ -18,6 +18,7 @@ allowed). `--set a.b=value` overrides parse `value` as a TOML value.
     [plugins]   modules = ["my_policy.py", "my_pkg.policies"]   (user plug-ins, sim.core.plugins)
     [cluster]   nodes, gpus_per_node, network, interconnect, gpu, nics_per_node   (sim.core.cluster_config)
     [disaggregation] kv_transfer, first_token, decode_reserve_tokens, [.prefill] and [.decode] pools
+    [frontend]  enabled, cpu_speed, stream_interval_tokens, itl = "chunk" | "token"   (sim.latency.frontend)
 """
 
 from __future__ import annotations
@@ -196,6 +197,23 @@ class ServerConfig:
 
 
 @dataclass(frozen=True)
+class FrontendConfig:
+    """The API server's share of a request (sim/latency/frontend.py). The section absent: on for the
+    engine releases it is sourced for (vllm-v1, sglang), off for the others (fastpp, vllm-v0)."""
+
+    enabled: bool | None = None  # None: as sourced for the engine; false: off; true: on (refused where not sourced)
+    cpu_speed: float = bounded(1.0, 0, 100, lo_open=True)  # the host's single-thread speed / the reference CPUs'
+    # tokens a streamed chunk carries (vLLM --stream-interval from 0.15, SGLang --stream-interval); 0: the
+    # release's default (1)
+    stream_interval_tokens: int = bounded(0, 0, 1 << 16, integer=True)
+    itl: str = "chunk"  # the client's gaps: one a chunk (vllm bench serve) or split per token (SGLang's native)
+
+    def validate(self, where: str) -> None:
+        if self.itl not in ("chunk", "token"):
+            raise ConfigError(f"{where}: [frontend] itl must be one of: chunk, token; got {self.itl!r}")
+
+
+@dataclass(frozen=True)
 class PluginsConfig:
     """User plug-ins to import before the run: `.py` files (relative paths are resolved
     against the config file when it is loaded) or importable module names."""
@@ -217,6 +235,7 @@ class RunConfig:
     # multi-node placement and prefill/decode pools (sim/core/cluster_config.py; None: absent, one node)
     cluster: Mapping[str, Any] | None = None
     disaggregation: DisaggConfig | None = None
+    frontend: FrontendConfig | None = None  # None: the engine's default (sim/latency/frontend.py)
 
     def validate(self, where: str) -> None:
         if self.horizon_s < 0:
@@ -227,6 +246,8 @@ class RunConfig:
             raise ConfigError(f"{where}: missing section [workload]")
         for sec in (self.parallel, self.scheduler, self.latency, self.slo, self.server):
             sec.validate(where)
+        if self.frontend is not None:
+            self.frontend.validate(where)
         if self.cluster is not None:
             check_cluster_table(self.cluster, where)
         if self.disaggregation is not None:

@@ -207,8 +207,13 @@ class RequestTable:
     """
 
     def __init__(self, requests: RequestArrays, max_req_input_len: int, max_req_len: int,
-                 itls: bool = True) -> None:
+                 itls: bool = True, sent_s: "np.ndarray | None" = None, frontend=None) -> None:
         self.inputs = requests
+        # with a frontend (sim/latency/frontend.py): `requests.arrival_s` is when the scheduler sees
+        # each request and `sent_s` when the client sent it; the outcome columns are the client's
+        # (arrival_s = sent, first_token_s and finish_s = the first and last chunk seen, ITLs as
+        # the client records them), admit_s stays the scheduler's
+        self.frontend = frontend
         # False: the requests keep no inter-token gaps (no ITL statistics, no max_itl_s), for
         # runs whose every reader needs none (sweeps): a gap per token is the costliest record
         self.keep_itls = itls
@@ -224,7 +229,8 @@ class RequestTable:
         self.itls = ItlPool(n)
         nan = np.full(n, np.nan)
         self.columns: dict[str, np.ndarray] = {
-            "req_id": requests.req_id, "arrival_s": requests.arrival_s, "prompt_tokens": prompt,
+            "req_id": requests.req_id, "arrival_s": requests.arrival_s if sent_s is None else sent_s,
+            "prompt_tokens": prompt,
             "output_tokens": output, "prompt_len": prompt_len, "max_new_tokens": max_new,
             "truncated_prompt": prompt > max_req_input_len, "clipped_output": max_new < output,
             "state": np.zeros(n, dtype=np.int8), "admit_s": nan, "first_token_s": nan.copy(),
@@ -254,10 +260,16 @@ class RequestTable:
         self.next_row = row + 1
         return req
 
-    def _record(self, req: Req) -> None:
+    def _record(self, req: Req, gaps=None) -> None:
         c, i = self.columns, req.row
         c["state"][i] = _STATE_CODE[req.state]
-        for name, v in (("admit_s", req.admit_s), ("first_token_s", req.first_token_s), ("finish_s", req.finish_s)):
+        first, finish = req.first_token_s, req.finish_s
+        fe = self.frontend
+        if fe is not None and first is not None:
+            seen_first, seen_last, gaps = fe.client_view(first, finish if finish is not None else first,
+                                                         req.out_len, gaps)
+            first, finish = seen_first, (seen_last if finish is not None else None)
+        for name, v in (("admit_s", req.admit_s), ("first_token_s", first), ("finish_s", finish)):
             if v is not None:
                 c[name][i] = v
         c["generated_tokens"][i] = req.out_len
@@ -268,14 +280,15 @@ class RequestTable:
         c["kv_held"][i] = req.kv_held
         c["prefix_len"][i] = req.prefix_len
         c["cached_tokens"][i] = req.cached_tokens
-        if req.itls and self.keep_itls:
-            c["max_itl_s"][i] = max(req.itls)
+        if gaps is not None and len(gaps) and self.keep_itls:
+            c["max_itl_s"][i] = max(gaps)
+        return gaps
 
     def finish(self, req: Req) -> None:
         """The hand-off of a finished request: its outcome to the columns, its gaps to the pool."""
-        self._record(req)
+        gaps = self._record(req, req.itls)
         if self.keep_itls:
-            self.itls.add(req.row, req.itls)
+            self.itls.add(req.row, gaps if isinstance(gaps, array) else array("d", gaps))
         req.itls = array("d")  # the pool has them; the scheduler may still hold the Req a while
         del self.live[req.row]
 
@@ -283,7 +296,7 @@ class RequestTable:
         """The end of the run: record the requests still inside as they stand."""
         for req in self.live.values():
             req.settle()  # (tokens of an open decode segment: state.Req)
-            self._record(req)
+            self._record(req, req.itls)
         self.live = {}
 
     def queue(self) -> "LazyQueue":

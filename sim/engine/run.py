@@ -186,6 +186,9 @@ def run(cfg: RunConfig, requests: list[RequestSpec] | RequestArrays | None = Non
     if driven and cfg.disaggregation is not None:
         raise ConfigError("config [workload]: 'concurrency' / 'max_concurrency' are not modelled with "
                           "[disaggregation] yet; allowed: an open-loop workload (no concurrency fields)")
+    if cfg.disaggregation is not None and cfg.frontend is not None and cfg.frontend.enabled:
+        raise ConfigError("config [frontend] enabled = true: the API server's share is not modelled with "
+                          "[disaggregation] (its router and two servers); allowed: enabled = false, or no [frontend]")
     if cfg.disaggregation is not None:  # prefill and decode pools (sim/engine/disagg.py)
         from sim.engine.disagg import run_disaggregated
 
@@ -216,6 +219,16 @@ def run(cfg: RunConfig, requests: list[RequestSpec] | RequestArrays | None = Non
         raise ConfigError(f"config [scheduler.rebalancer]: a rebalancer moves requests between FastPP's micro-batch "
                           f"slots; engine {sc.engine!r} has none; allowed: engine = 'fastpp', or no rebalancer")
     kv, max_running, max_req_len, max_input = pool_sizes(cfg, latency, eng, settings, hw)
+    frontend = build_frontend(cfg, settings)
+    sent_s = None
+    if frontend is not None:
+        # the client's send times stay the requests' arrival_s; the scheduler sees each one when
+        # the API server has received and tokenized it (sim/latency/frontend.py)
+        sent_s = arrays.arrival_s
+        if driven:
+            sent_s = sent_s.copy()  # the client writes both as it sends
+        else:
+            arrays = replace(arrays, arrival_s=frontend.server_arrivals(sent_s, arrays.prompt_tokens))
     budget = settings.token_budget
     # start-up profiling draws from its own streams, so it never shifts the run's draws
     make_noise = getattr(latency, "make_noise", None)
@@ -244,7 +257,7 @@ def run(cfg: RunConfig, requests: list[RequestSpec] | RequestArrays | None = Non
 
     # requests become Req objects when they arrive and leave for the table's columns when
     # they finish (sim/engine/requests.py)
-    table = RequestTable(arrays, max_input, max_req_len, itls=itls)
+    table = RequestTable(arrays, max_input, max_req_len, itls=itls, sent_s=sent_s, frontend=frontend)
     env = simpy.Environment()
     n = cfg.parallel.replicas
     requested = len(alt_slos)  # each gets its verdict, False where none can be given
@@ -315,7 +328,7 @@ def run(cfg: RunConfig, requests: list[RequestSpec] | RequestArrays | None = Non
                 p.inbox.close()
 
         client = Client(env, table, ready_s, client_spec.think_s(len(table), stream(cfg.seed, "think")),
-                        client_spec.slots, client_spec.request_timeout_s, send, close)
+                        client_spec.slots, client_spec.request_timeout_s, send, close, frontend)
     elif n > 1:
         env.process(route(env, table, pipes, cfg.parallel.router))
     # The objects alive before the simulation (imported modules, the workload, profiles, a sweep
@@ -348,6 +361,7 @@ def run(cfg: RunConfig, requests: list[RequestSpec] | RequestArrays | None = Non
         extras={"stage_layers": list(getattr(latency, "layers", [])),
                 "engine": settings,
                 "client": client_spec,  # the client loop (sim/workloads/client.py); None: open loop
+                **({"frontend": frontend} if frontend is not None else {}),
                 "engine_events": sorted(e for p in pipes for e in getattr(p.sched, "events", [])),
                 "prefix_cache": _cache_stats(pipes) if settings.prefix_cache else None,
                 "num_kv_exhausted": sum(p.sched.kv_exhausted_events for p in pipes),
@@ -359,6 +373,14 @@ def run(cfg: RunConfig, requests: list[RequestSpec] | RequestArrays | None = Non
                                if lockstep is not None else [False] * requested),
                 **({"cluster": placed.describe(), "cluster_warnings": placed.warnings} if placed else {})},
     )
+
+
+def build_frontend(cfg: RunConfig, settings: EngineSettings):
+    """The run's API-server model (sim/latency/frontend.py), None when off."""
+    from sim.latency.frontend import check_frontend, frontend_of
+
+    check_frontend(cfg.frontend, settings.engine, settings.version)
+    return frontend_of(cfg.frontend, settings.engine, settings.version)
 
 
 def _cache_stats(pipes) -> dict:

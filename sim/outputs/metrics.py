@@ -315,6 +315,9 @@ def summarize(result) -> dict:
         out["engine"] = f"{eng.engine} ({eng.version})"
         out["prefix_cache"] = bool(eng.prefix_cache)
         out["token_budget_tokens"] = int(eng.token_budget)
+    fe = extras.get("frontend")
+    if fe is not None:  # the API server's share (sim/latency/frontend.py), only where it is on
+        out["frontend"] = fe.describe()
     cache = extras.get("prefix_cache")
     if cache is not None:
         # tokens served from the cache at first admissions / those requests' prompt tokens
