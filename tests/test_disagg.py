@@ -326,3 +326,24 @@ def test_disaggregation_errors_when_the_run_starts(over, match):
     with pytest.raises(ConfigError, match=match) as exc:
         run(config_from_table(t), reqs((100, 5)))
     assert "\n" not in str(exc.value)
+
+
+def test_closed_loop_clients_with_disaggregated_pools():
+    # one closed-loop client: each 1000/20 request runs alone, so each takes the one-request run's E2E
+    # (its KV transfer checked by hand above), and the next is sent when it finishes
+    _, one, _ = run_one(table(), reqs((1000, 20)))
+    e2e = float(one["e2e_ms"].iloc[0]) / 1e3
+    t = table()
+    t["workload"] = {"kind": "bench", "num_requests": 4, "input_len": 1000, "output_len": 20, "concurrency": 1}
+    res = run(config_from_table(t))
+    df, s = requests_frame(res), summarize(res)
+    assert s["completed"] == 4 and s["num_kv_transfers"] == 4
+    assert df["e2e_ms"].to_numpy() == pytest.approx(e2e * 1e3, rel=1e-9)
+    assert df["arrival_s"].to_numpy() == pytest.approx([0.0, e2e, 2 * e2e, 3 * e2e], rel=1e-9)
+    assert s["request_throughput"] == pytest.approx(1 / e2e, rel=1e-9)
+    # two clients on one prefill and one decode instance: never more than two requests in the server
+    t["workload"]["concurrency"] = 2
+    df2 = requests_frame(run(config_from_table(t)))
+    starts, ends = df2["arrival_s"].to_numpy(), df2["finish_s"].to_numpy()
+    assert all(((starts <= x) & (ends > x)).sum() <= 2 for x in starts)
+    assert (df2["status"] == "finished").all()

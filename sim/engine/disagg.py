@@ -250,9 +250,9 @@ def same_model_and_gpu(pool_cfgs: dict[str, RunConfig]) -> None:
 
 
 def run_disaggregated(cfg: RunConfig, requests, keep_iterations: bool = True, alt_slos: tuple = (),
-                      itls: bool = True):
+                      itls: bool = True, client=None):
     """Simulate a disaggregated deployment; returns a `sim.engine.run.RunResult`."""
-    return DisaggRun(cfg, RequestArrays.of(requests), itls).run(len(alt_slos))
+    return DisaggRun(cfg, RequestArrays.of(requests), itls).run(len(alt_slos), client)
 
 
 class DisaggRun:
@@ -369,6 +369,7 @@ class DisaggRun:
         self.failure = ""
         self.stop = self.env.event()
         self.audit_on = audit
+        self.on_finish = None  # a client loop's hook (sim/engine/client.py via run(client=...))
         # what the audits saw: checks made, and the requests seen waiting for the decode side's pre-allocation
         # with their finished prefill's KV held by the prefill instance (most at once, and which)
         self.audited = {"checks": 0, "most_waiting_on_prefill": 0, "waited_on_prefill": set()}
@@ -388,18 +389,25 @@ class DisaggRun:
             t = float(arrival[k])
             if t > env.now:
                 yield env.timeout(t - env.now)
-            req = table.make(k)
-            shadow = Req(req.rid, req.arrival_s, req.orig_prompt_len, 1, self.max_input, self.max_req_len)
-            shadow.keep_itls = False
-            p, d = self._pick("prefill", k), self._pick("decode", k)
-            flow = Flow(req, shadow, p, d)
-            self.flows[id(shadow)] = flow
-            self.by_row[k] = flow
-            req.replica = d
-            self.instances["prefill"][p].routed += 1
-            self.instances["decode"][d].routed += 1
-            self.unlanded += 1
-            self.instances["prefill"][p].pipe.inbox.push(shadow)
+            self._send(table.make(k))
+        self._routed_all()
+
+    def _send(self, req: Req) -> None:
+        """A request arrives: its prompt to a prefill instance (the router, or a client process)."""
+        k = req.row
+        shadow = Req(req.rid, req.arrival_s, req.orig_prompt_len, 1, self.max_input, self.max_req_len)
+        shadow.keep_itls = False
+        p, d = self._pick("prefill", k), self._pick("decode", k)
+        flow = Flow(req, shadow, p, d)
+        self.flows[id(shadow)] = flow
+        self.by_row[k] = flow
+        req.replica = d
+        self.instances["prefill"][p].routed += 1
+        self.instances["decode"][d].routed += 1
+        self.unlanded += 1
+        self.instances["prefill"][p].pipe.inbox.push(shadow)
+
+    def _routed_all(self) -> None:
         for inst in self.instances["prefill"]:
             inst.pipe.inbox.close()
         self.routed_all = True
@@ -568,6 +576,8 @@ class DisaggRun:
         if self.guard is not None:
             self.guard.finished(req)
         self.table.finish(req)
+        if self.on_finish is not None:
+            self.on_finish(req)
 
     def _maybe_close(self) -> None:
         if self.routed_all and self.unlanded == 0:
@@ -650,7 +660,9 @@ class DisaggRun:
                 self.stop.succeed()
         pipe.proc.callbacks.append(done)
 
-    def run(self, requested_alternates: int = 0):
+    def run(self, requested_alternates: int = 0, client=None):
+        """`client(env, table, send, close)`: a client loop that sends the requests (run.py's
+        closed loops and capped open loops) instead of the router's fixed arrivals."""
         from sim.engine.run import RunResult
 
         env = self.env
@@ -658,7 +670,10 @@ class DisaggRun:
         pipes = [x.pipe for x in everyone]
         for p in pipes:
             self._watch(p)
-        env.process(self._route())
+        if client is None:
+            env.process(self._route())
+        else:
+            self.on_finish = client(env, self.table, self._send, self._routed_all).finished
         if self.audit_on:  # the ledger after every event (env.run calls env.step for each)
             step = env.step
 

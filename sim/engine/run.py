@@ -183,16 +183,27 @@ def run(cfg: RunConfig, requests: list[RequestSpec] | RequestArrays | None = Non
         requests = build_workload(cfg.workload, seed=cfg.seed)
     client_spec = workload_client(cfg.workload)
     driven = client_spec is not None and client_spec.drives_arrivals
-    if driven and cfg.disaggregation is not None:
-        raise ConfigError("config [workload]: 'concurrency' / 'max_concurrency' are not modelled with "
-                          "[disaggregation] yet; allowed: an open-loop workload (no concurrency fields)")
     if cfg.disaggregation is not None and cfg.frontend is not None and cfg.frontend.enabled:
         raise ConfigError("config [frontend] enabled = true: the API server's share is not modelled with "
                           "[disaggregation] (its router and two servers); allowed: enabled = false, or no [frontend]")
     if cfg.disaggregation is not None:  # prefill and decode pools (sim/engine/disagg.py)
         from sim.engine.disagg import run_disaggregated
 
-        result = run_disaggregated(cfg, requests, keep_iterations=keep_iterations, alt_slos=alt_slos, itls=itls)
+        client = None
+        if driven:
+            # the client loop sends into the prefill pool and hears each finish from the decode pool
+            from sim.engine.client import Client
+            from sim.core.rng import stream
+
+            arrays = RequestArrays.of(requests)
+            ready_s = client_spec.ready_s(arrays.arrival_s)
+            requests = replace(arrays, arrival_s=np.full(len(arrays), np.inf))
+
+            def client(env, table, send, close):
+                return Client(env, table, ready_s, client_spec.think_s(len(table), stream(cfg.seed, "think")),
+                              client_spec.slots, client_spec.request_timeout_s, send, close)
+        result = run_disaggregated(cfg, requests, keep_iterations=keep_iterations, alt_slos=alt_slos, itls=itls,
+                                   client=client)
         result.extras["client"] = client_spec  # an open-loop client's timeouts (sim/outputs/metrics.py)
         return result
     arrays = RequestArrays.of(requests)
