@@ -288,6 +288,10 @@ class Pipeline:
         inflight, busy = self.inflight, self.busy
         overhead_of = getattr(self.latency, "overhead_s", None)
         overhead = self.latency.iteration_overhead_s
+        # the engine version's modelled host time (sim/engine/hosttime.py) instead of the profile's
+        host_cost = getattr(sched, "host_cost", None)
+        host_floor = host_cost.exposed_ms / 1e3 if host_cost is not None else 0.0
+        bcast_s = getattr(self.latency, "broadcast_s", 0.0)
         noise = self.noise
         horizon = self.horizon_s
         idle_turns = 0
@@ -361,13 +365,16 @@ class Pipeline:
                                            f"rebalancer and nothing running")
                         break
             # NOTE: models without a per-batch host cost charge the constant overhead on every turn
-            host_s = overhead if overhead_of is None else overhead_of(mb.stats if mb is not None else None)
+            if host_cost is not None and mb is not None:
+                host_s = host_cost.host_s(mb.stats) + bcast_s
+            else:
+                host_s = overhead if overhead_of is None else overhead_of(mb.stats if mb is not None else None)
             if sched.overlap_host and mb is not None:
                 # SGLang's overlap scheduler, vLLM's async scheduling: the host work for this step
                 # ran while the GPU computed the previous one (event_loop_overlap: launch batch k,
                 # then process k - 1's result and schedule k + 1), so only what exceeds that step's
                 # GPU time remains on the critical path; after an idle turn none of it is hidden
-                host_s = max(0.0, host_s - prev_gpu_s)
+                host_s = max(host_floor, host_s - prev_gpu_s)
             if noise is not None:
                 self.factors, stall_s = noise.next()
                 host_s += stall_s

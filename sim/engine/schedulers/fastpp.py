@@ -101,6 +101,7 @@ class Scheduler:
         # when fully idle (the pipeline reads this)
         self.reset_ratio_on_empty_batch = True
         self.overlap_host = False  # SGLang's overlap scheduler hides host time (sglang.py)
+        self.host_cost: Any = None  # the engine version's host time model (sim/engine/hosttime.py); None: the profile's
 
     # ------------------------------------------------------------------ helpers
     def add_waiting(self, req: Req) -> None:

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from sim.engine.hosttime import host_cost
 from sim.engine.schedulers import EngineSettings, Hardware, pick_version, schedulers
 from sim.engine.schedulers.cached import CachedScheduler
 from sim.engine.schedulers.fastpp import Slot
@@ -300,6 +301,9 @@ class VllmV1Engine:
         sched.capture_sizes = settings.capture_sizes
         sched.pad_total = True
         sched.overlap_host = settings.overlap  # async scheduling: host time under the GPU step
+        key = next((k for k, v in VERSIONS.items() if v == settings.version), DEFAULT_VERSION)
+        cost = host_cost(self.name, key)  # the version's host time per step (sim/engine/hosttime.py)
+        sched.host_cost = cost.with_block_size(sc.block_size_tokens) if cost is not None else None
         return sched
 
 

