@@ -66,3 +66,32 @@ def test_engines_without_a_host_model_keep_the_profiles_host_cost(tmp_path):
     # the built profile: cpu_ms 2.0 + cpu_per_request_us 5 per request
     n = busy["num_prefill"] + busy["num_decode"]
     assert (busy["host_ms"] - (2.0 + 0.005 * n)).abs().max() < 1e-3
+
+
+def test_vllm_pool_is_whole_blocks_with_v1s_null_block():
+    from types import SimpleNamespace
+
+    from sim.engine.schedulers.vllm_v0 import VllmV0Engine
+    from sim.engine.schedulers.vllm_v1 import VllmV1Engine
+
+    sc = SimpleNamespace(block_size_tokens=16)
+    # 1000 tokens = 62 whole blocks; V1 gives block 0 to the null block (BlockPool.__init__)
+    assert VllmV1Engine().pool_tokens(1000, sc) == 61 * 16
+    assert VllmV0Engine().pool_tokens(1000, sc) == 62 * 16
+
+
+def test_vllm_v1_preempts_when_blocks_run_out_not_tokens():
+    from sim.engine.schedulers.vllm_v1 import VllmV1Scheduler
+    from tests.test_engines import drive
+
+    from tests.conftest import make_req
+
+    # 3 blocks: two 20-token prompts take 2 blocks each in tokens' worth 40 <= 48, but blocks 4 > 3:
+    # the second waits (head of line) until the first finishes, though 8 tokens are free
+    s = VllmV1Scheduler(1, 48, 256, 1024, prefix_cache=False)
+    a, b = make_req(0, 20, output=3), make_req(1, 20, output=3)
+    mbs = drive(s, [a, b], 6)
+    assert [r.rid for r, *_ in mbs[0].prefill] == [0]
+    assert s.free_blocks() * 16 <= s.kv_free  # the tail of a's second block is not free
+    first_b = next(k for k, mb in enumerate(mbs) if mb is not None and any(r is b for r, *_ in mb.prefill))
+    assert a.finish_s is not None and first_b >= 3

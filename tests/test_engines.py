@@ -103,8 +103,9 @@ def test_vllm_v1_token_budget_running_first_then_waiting_chunked():
 
 
 def test_vllm_v1_preempts_the_newest_by_recompute_and_admits_nothing_that_step():
-    # a pool of 40 tokens: two 16-token prompts decode until the pool runs dry
-    s = VllmV1Scheduler(1, 40, 256, 1024, prefix_cache=False)
+    # a pool of 4 blocks (16 tokens each): two 16-token prompts (a block each) take their second
+    # at the first decode and find none for their third (step 17)
+    s = VllmV1Scheduler(1, 64, 256, 1024, prefix_cache=False)
     a, b, c = make_req(0, 16, output=30), make_req(1, 16, output=30), make_req(2, 4, output=2, arrival=0.005)
     seen = []
 
@@ -112,7 +113,7 @@ def test_vllm_v1_preempts_the_newest_by_recompute_and_admits_nothing_that_step()
         if sched.retractions and not seen:
             seen.append((a.num_retractions, b.num_retractions, list(sched.waiting)))
 
-    mbs = drive(s, [a, b, c], 12, check=first_preemption)
+    mbs = drive(s, [a, b, c], 20, check=first_preemption)
     ra, rb, waiting = seen[0]
     assert (ra, rb) == (0, 1) and waiting[0] is b  # the newest, to the head of the queue
     k = next(i for i, mb in enumerate(mbs) if mb is not None and b in mb.decodes) + 1
@@ -147,15 +148,18 @@ def test_vllm_v1_caches_a_prompts_blocks_when_they_are_scheduled():
 
 def test_vllm_v1_preempted_request_re_hits_the_blocks_that_survive():
     # vLLM keeps a preempted request's hashed blocks in the free queue (KVCacheManager.free);
-    # its re-admission hits what was not reused. Pool 130: a and b (32-token prompts, no prefix
-    # ids) decode until b, the newest, is preempted after 33 outputs (its 64 computed tokens
-    # cached, prompt and output); a's growth evicts the output's blocks (the LRU leaf), the
-    # prompt's 32 survive: b re-prefills 66 - 32 = 34 tokens, not 66.
-    s = VllmV1Scheduler(1, 130, 256, 1024, prefix_cache=True)
+    # its re-admission hits what was not reused. Pool 136 tokens = 8 whole blocks of 16: a and b
+    # (32-token prompts, no prefix ids) take a block each whenever their last is full: 4 blocks
+    # each at step 17; at step 33 both need a fifth and none is free, so b, the newest, is
+    # preempted (counted in tokens, 136 - 2 x 64 = 8 would have lasted to step 37) with 33
+    # outputs: its 64 computed tokens cached (prompt and output); a's growth evicts the output's
+    # blocks (the LRU leaf), the prompt's 32 survive: b re-prefills 65 - 32 = 33 tokens, not 65.
+    s = VllmV1Scheduler(1, 136, 256, 1024, prefix_cache=True)
     a, b = make_req(0, 32, output=60), make_req(1, 32, output=60)
     mbs = drive(s, [a, b], 62)
     again = [pieces(mb) for mb in mbs[1:] if mb is not None and mb.prefill]
-    assert s.preemptions == 1 and again == [[(1, 34, 32)]]
+    assert s.preemptions == 1 and again == [[(1, 33, 32)]]
+    assert [round(t, 6) for t, _slot, rid, what in s.events if what == "preempt"] == [0.33]
 
 
 # ---------------------------------------------------------------- SGLang 0.5.23

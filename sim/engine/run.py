@@ -146,6 +146,8 @@ def pool_sizes(cfg: RunConfig, latency, eng=None, settings: EngineSettings | Non
         raise ConfigError(f"config [scheduler] mem_fraction = {frac}: the model does not fit in GPU "
                           f"memory at pp = {cfg.parallel.pp}, tp = {cfg.parallel.tp} (profile {cfg.latency.profile}: "
                           f"KV pool <= 0 tokens); allowed: {larger}")
+    if eng is not None and hasattr(eng, "pool_tokens"):
+        kv = eng.pool_tokens(kv, sc)  # vLLM: whole blocks, less V1's null block
     max_num_reqs = min(max(int(kv / ctx * 512), 2048), 4096)
     if settings is not None and settings.engine.startswith("vllm"):
         max_running = settings.max_running  # max_num_seqs: a count limit, not derived from the pool

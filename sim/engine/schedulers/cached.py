@@ -183,3 +183,67 @@ class CachedScheduler(Scheduler):
     def kv_accounted(self) -> int:
         """kv_free + the cache's tokens: with every running request's own tokens, the capacity."""
         return self.kv_free + (self.cache.size if self.cache is not None else 0)
+
+
+class BlockScheduler(CachedScheduler):
+    """vLLM's KV pool: whole blocks of `block_size` tokens (vLLM V1 `v1/core/block_pool.py`
+    `BlockPool`, V0 `core/block_manager.py` `SelfAttnBlockSpaceManager`). A request holds
+    ceil(tokens / block_size) blocks, so the unfilled tail of its last block is taken from the
+    pool: an allocation fits when its new blocks fit the free ones, not its tokens
+    (`kv_cache_manager.py` `allocate_slots`: `num_blocks_to_allocate > get_num_free_blocks()`),
+    and preemption comes when the blocks run out. The pool keeps counting tokens (`kv_free`);
+    the tails (`slack`, the sum over requests of (-tokens) mod block_size) are what the block
+    view takes off it: free blocks = (available() - slack) // block_size. Hits and cached
+    prompts are whole blocks (granularity = block_size), so the cache holds no tail."""
+
+    def __init__(self, num_slots: int, kv_tokens: int, max_running_requests: int, chunk_size: int,
+                 on_kv_exhausted: str = "exit", prefix_cache: bool = True, block_size: int = 16) -> None:
+        super().__init__(num_slots, kv_tokens, max_running_requests, chunk_size, on_kv_exhausted, prefix_cache,
+                         block_size)
+        self.block = block_size
+        self.slack = 0  # the requests' unfilled last-block tails, in tokens
+        self.held: dict[int, int] = {}  # request id -> tokens it holds (its own and its cached prefix)
+
+    def _grow(self, req: Req, tokens: int) -> None:
+        b = self.block
+        old = self.held.get(req.rid, 0)
+        new = old + tokens
+        self.held[req.rid] = new
+        self.slack += (-new) % b - (-old) % b
+
+    def free_blocks(self, path: Any = None) -> int:
+        """Blocks an allocation can take now (free and evictable, `path` pinned first)."""
+        return (self.available_with(path) - self.slack) // self.block
+
+    def blocks_for(self, req: Req, tokens: int) -> int:
+        """New blocks `tokens` more tokens of `req` need (get_num_blocks_to_allocate)."""
+        b = self.block
+        old = self.held.get(req.rid, 0)
+        return -(-(old + tokens) // b) - -(-old // b)
+
+    def decode_blocks(self, reqs: list[Req]) -> int:
+        """New blocks one more token each of `reqs` needs: one per request whose last block is full."""
+        b = self.block
+        held = self.held
+        return sum(1 for r in reqs if held.get(r.rid, 0) % b == 0)
+
+    def admit_hit(self, req: Req, hit: int, path: Any, now_s: float = 0.0) -> None:
+        super().admit_hit(req, hit, path, now_s)
+        if hit:
+            self._grow(req, hit)  # whole blocks: no tail
+
+    def _alloc(self, req: Req, tokens: int, what: str, now_s: float) -> None:
+        super()._alloc(req, tokens, what, now_s)
+        self._grow(req, tokens)
+
+    def _alloc_decode(self, reqs: list[Req], what: str, now_s: float,
+                      known: tuple[int, int, int] | None = None) -> tuple[int, int, int]:
+        out = super()._alloc_decode(reqs, what, now_s, known)
+        for r in reqs:
+            self._grow(r, 1)
+        return out
+
+    def _free(self, req: Req) -> None:
+        super()._free(req)
+        old = self.held.pop(req.rid, 0)
+        self.slack -= (-old) % self.block

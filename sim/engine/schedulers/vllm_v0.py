@@ -28,7 +28,7 @@ from typing import Any
 
 from sim.core.errors import ConfigError
 from sim.engine.schedulers import EngineSettings, Hardware, pick_version, schedulers
-from sim.engine.schedulers.cached import CachedScheduler
+from sim.engine.schedulers.cached import BlockScheduler
 from sim.engine.state import DECODE, EXTEND, RUNNING, MicroBatch, Req
 
 VERSIONS = {"0.6": "vLLM 0.6.3.post1 (V0, chunked prefill off)"}  # `[scheduler] engine_version`
@@ -39,12 +39,12 @@ MAX_SEQ_LEN_TO_CAPTURE = 8192  # engine/arg_utils.py EngineArgs.max_seq_len_to_c
 LONG_CONTEXT_TOKENS = 32768  # engine/arg_utils.py: above it chunked prefill is on by default
 
 
-class VllmV0Scheduler(CachedScheduler):
+class VllmV0Scheduler(BlockScheduler):
     def __init__(self, num_slots: int, kv_tokens: int, max_running_requests: int, chunk_size: int,
                  on_kv_exhausted: str = "exit", prefix_cache: bool = False, block_size: int = 16) -> None:
         super().__init__(num_slots, kv_tokens, max_running_requests, chunk_size, on_kv_exhausted, prefix_cache,
                          block_size)
-        self.watermark = int(WATERMARK * (kv_tokens // block_size)) * block_size
+        self.watermark_blocks = int(WATERMARK * (kv_tokens // block_size))
         self.preemptions = 0
         self.reset_ratio_on_empty_batch = False
 
@@ -70,7 +70,7 @@ class VllmV0Scheduler(CachedScheduler):
             need = req.fill_len - hit
             if need > budget:
                 break
-            if self.available_with(path) - need < self.watermark:
+            if self.free_blocks(path) - self.blocks_for(req, need) < self.watermark_blocks:
                 break  # AllocStatus.LATER
             self.waiting.popleft()
             self.admit_hit(req, hit, path, now_s)
@@ -95,7 +95,7 @@ class VllmV0Scheduler(CachedScheduler):
             slot.running = None
             return None
         queue = [r for r in slot.running if not r.finished]
-        while queue and self.available() < len(queue):
+        while queue and self.free_blocks() < self.decode_blocks(queue):  # can_append_slots
             victim = queue.pop()  # the newest running request, by recompute
             self.events.append((now_s, slot.index, victim.rid, "preempt"))
             self._requeue(victim)
@@ -123,6 +123,12 @@ class VllmV0Engine:
         from sim.engine.schedulers.vllm_v1 import activation_reserve_tokens
 
         return activation_reserve_tokens(settings, latency, hw.tp, hw.pp)
+
+    def pool_tokens(self, kv_tokens: int, sc: Any) -> int:
+        """Whole blocks (`worker.determine_num_available_blocks`), and no null block: V0's stands only
+        for blocks outside a sliding window (`core/block/block_table.py` `allocate_or_get_null_block`
+        via `_get_all_token_ids` of a windowed table), which the modelled models have not."""
+        return kv_tokens // sc.block_size_tokens * sc.block_size_tokens
 
     def settings(self, sc: Any, hw: Hardware) -> EngineSettings:
         version = pick_version(self.name, VERSIONS, DEFAULT_VERSION, sc.engine_version)

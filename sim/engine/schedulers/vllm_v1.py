@@ -39,7 +39,7 @@ from typing import Any
 
 from sim.engine.hosttime import host_cost
 from sim.engine.schedulers import EngineSettings, Hardware, pick_version, schedulers
-from sim.engine.schedulers.cached import CachedScheduler
+from sim.engine.schedulers.cached import BlockScheduler
 from sim.engine.schedulers.fastpp import Slot
 from sim.engine.state import DECODE, EXTEND, MIXED, RUNNING, WAITING, MicroBatch, Req
 from sim.workloads.base import output_piece, prompt_piece
@@ -74,7 +74,7 @@ def capture_sizes(version: str, max_seqs: int, budget: int) -> tuple[int, ...]:
     return tuple(s for s in sizes if s <= min(top, budget))
 
 
-class VllmV1Scheduler(CachedScheduler):
+class VllmV1Scheduler(BlockScheduler):
     def __init__(self, num_slots: int, kv_tokens: int, max_running_requests: int, chunk_size: int,
                  on_kv_exhausted: str = "exit", prefix_cache: bool = True, block_size: int = 16,
                  long_prefill_threshold: int = 0) -> None:
@@ -130,9 +130,6 @@ class VllmV1Scheduler(CachedScheduler):
         self.retractions += 1
         self.preemptions += 1
 
-    def _fit(self, tokens: int) -> bool:
-        return tokens <= self.available()
-
     def form_batch(self, slot_idx: int, now_s: float, rebalance=None) -> MicroBatch | None:
         slot = self.slots[slot_idx]
         self._retire(slot)
@@ -144,12 +141,14 @@ class VllmV1Scheduler(CachedScheduler):
             queue = [r for r in slot.running if not r.finished]
             # one token each; while they do not all fit, the last one is preempted (it may be
             # the request being scheduled itself, which then stops the loop in vLLM: the same set)
-            while queue and not self._fit(len(queue)):
+            while queue and self.decode_blocks(queue) > self.free_blocks():
                 self._preempt(queue.pop(), now_s)  # NOTE: among this slot's requests (module docstring)
                 preempted = True
             if queue:
                 self._make_room(len(queue))
                 self.kv_free -= len(queue)  # (each request's count settles when its token is back)
+                for r in queue:
+                    self._grow(r, 1)  # its blocks: a new one when its last was full (decode_blocks)
             decodes = queue
             budget -= len(queue)
             slot.running = decodes if decodes else None
@@ -160,7 +159,7 @@ class VllmV1Scheduler(CachedScheduler):
         for req in self.partials:
             remaining = req.fill_len - req.prefix_len
             new = min(remaining, budget, self.threshold or remaining)
-            if new <= 0 or not self._fit(new):
+            if new <= 0 or self.blocks_for(req, new) > self.free_blocks():
                 partials.append(req)  # it waits for room (vLLM would preempt a newer request)
                 continue
             self._alloc(req, new, "prefill", now_s)
@@ -180,7 +179,7 @@ class VllmV1Scheduler(CachedScheduler):
                 hit, path = self.lookup(req, now_s)
                 remaining = req.fill_len - hit
                 new = min(remaining, budget, self.threshold or remaining)
-                if new > self.available_with(path):
+                if self.blocks_for(req, new) > self.free_blocks(path):
                     break  # head-of-line: admission stops at the first request that does not fit
                 self.waiting.popleft()
                 self.admit_hit(req, hit, path, now_s)
@@ -276,6 +275,12 @@ class VllmV1Engine:
 
     def kv_reserved_tokens(self, settings: EngineSettings, latency: Any, hw: Hardware) -> int:
         return activation_reserve_tokens(settings, latency, hw.tp, hw.pp)
+
+    def pool_tokens(self, kv_tokens: int, sc: Any) -> int:
+        """The tokens requests can hold: whole blocks (`num_gpu_blocks`), less the null block
+        (`block_pool.py` `BlockPool.__init__`: `null_block = free_block_queue.popleft()`, block 0,
+        never given to a request)."""
+        return (kv_tokens // sc.block_size_tokens - 1) * sc.block_size_tokens
 
     def settings(self, sc: Any, hw: Hardware) -> EngineSettings:
         version = pick_version(self.name, VERSIONS, DEFAULT_VERSION, sc.engine_version)
