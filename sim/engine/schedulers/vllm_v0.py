@@ -16,7 +16,7 @@ Read from the release wheel (vllm-0.6.3.post1, `vllm/core/scheduler.py` `_schedu
   (8192, `engine/arg_utils.py`); beyond that it runs eagerly, unpadded;
 - `engine/arg_utils.py` `create_engine_config`: with max_model_len > 32768 chunked prefill is
   turned on by default, a scheduler this module does not model: such a context is refused.
-NOTE: KV is counted in tokens (the pool is whole blocks); pipeline parallelism in V0 runs one
+NOTE: KV is whole blocks (`pool_tokens`, `BlockScheduler`); pipeline parallelism in V0 runs one
 scheduler per virtual engine with 1/pp of the blocks, which PipeSim does not model (pp = 1 only).
 A prompt that can never fit the pool (`AllocStatus.NEVER`) is ignored by vLLM (finished with no
 output); PipeSim has no ignored requests and stops the run as stuck, naming the request.

@@ -22,9 +22,9 @@ Read from the release wheel (vllm-0.10.1.1, commit g1da94e673):
   are in flight and a request in flight is not scheduled again until its output is back (the
   next chunk of a partial prefill may be): PipeSim's lock-step slots, a request's decodes
   staying with the slot of its last prefill chunk (the "cohorts" the queue produces).
-NOTEs below mark where this module simplifies: KV is counted in tokens (the pool is whole
-blocks, hits are whole blocks; a request's unfilled last block is not charged: at most
-block_size - 1 tokens a request); a preemption victim is taken among the requests of the slot
+NOTEs below mark where this module simplifies. KV is whole blocks with the null block taken
+(`pool_tokens`, `BlockScheduler`: allocations fit by free blocks, each request charged its
+unfilled last block); a preemption victim is taken among the requests of the slot
 being scheduled (one in flight in another slot holds KV the GPU is using); a partial prefill
 that finds no room waits rather than preempting a newer request; `max_num_batched_tokens >=
 max_num_seqs` (vLLM's own validation) lets every decode of a step fit the budget. Several
