@@ -86,12 +86,11 @@ def test_vllm_v1_preempts_when_blocks_run_out_not_tokens():
 
     from tests.conftest import make_req
 
-    # 3 blocks: two 20-token prompts take 2 blocks each in tokens' worth 40 <= 48, but blocks 4 > 3:
-    # the second waits (head of line) until the first finishes, though 8 tokens are free
-    s = VllmV1Scheduler(1, 48, 256, 1024, prefix_cache=False)
-    a, b = make_req(0, 20, output=3), make_req(1, 20, output=3)
-    mbs = drive(s, [a, b], 6)
-    assert [r.rid for r, *_ in mbs[0].prefill] == [0]
-    assert s.free_blocks() * 16 <= s.kv_free  # the tail of a's second block is not free
-    first_b = next(k for k, mb in enumerate(mbs) if mb is not None and any(r is b for r, *_ in mb.prefill))
-    assert a.finish_s is not None and first_b >= 3
+    # 4 blocks: two 20-token prompts hold 2 blocks each (the second 4/16 filled); an 8-token
+    # prompt then finds 24 tokens free but no free block: it waits (head of line) until one is
+    s = VllmV1Scheduler(1, 64, 256, 1024, prefix_cache=False)
+    a, b, c = make_req(0, 20, output=3), make_req(1, 20, output=3), make_req(2, 8, output=1)
+    mbs = drive(s, [a, b, c], 8)
+    assert [r.rid for r, *_ in mbs[0].prefill] == [0, 1]  # counted in tokens, c (8 <= 24) would join
+    first_c = next(k for k, mb in enumerate(mbs) if mb is not None and any(r is c for r, *_ in mb.prefill))
+    assert first_c >= 3 and a.finish_s is not None
