@@ -289,7 +289,8 @@ class Pipeline:
         overhead_of = getattr(self.latency, "overhead_s", None)
         overhead = self.latency.iteration_overhead_s
         # the engine version's modelled host time (sim/engine/hosttime.py) instead of the profile's
-        host_cost = getattr(sched, "host_cost", None)
+        # (profiled latency only: a constant model's `overhead_ms` is the whole host time it is asked to charge)
+        host_cost = getattr(sched, "host_cost", None) if overhead_of is not None else None
         host_floor = host_cost.exposed_ms / 1e3 if host_cost is not None else 0.0
         bcast_s = getattr(self.latency, "broadcast_s", 0.0)
         noise = self.noise
