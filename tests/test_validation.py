@@ -115,3 +115,50 @@ def test_closed_loop_cases_run_their_clients():
     df = requests_frame(simulate(config_from_table(table, "G1")))
     # one client: each request is sent when the previous one finishes
     assert (df["arrival_s"].to_numpy()[1:] == df["finish_s"].to_numpy()[:-1]).all()
+
+
+def test_current_engine_cases_name_version_gpu_and_source():
+    """Issue 43: at least 15 current-engine cases (vLLM >= 0.10, SGLang >= 0.4.6, 2025-2026), each naming the
+    version that ran, its GPU, model, workload and source; the refused measurements each say why."""
+    run = _runner()
+    cases = run.load_cases()
+    current = [c for c in cases if c.get("current_engine")]
+    assert len(current) >= 15 + 9  # the 9 of issue 31 (E1, E3, E4, G1-G6) and at least 15 new
+    for c in current:
+        assert c["ran_version"] and c["source"] and c["gpu"] and c["model"], c["id"]
+        assert c["ran_version"].split()[0] in ("vLLM", "SGLang"), c["id"]
+        wl = c["workload"]
+        assert wl["source"] in ("fixed", "uniform", "sharegpt", "log") and wl.get("num_requests"), c["id"]
+        if "silicon_row" in c:  # the sample's own: a version and a known PipeSim engine version
+            assert c["sim"]["scheduler"]["engine_version"] in ("0.5", "0.11"), c["id"]
+    refused = run.load_refused()
+    assert refused and all(r["reason"] and int(r["rows"]) > 0 for r in refused)
+
+
+def test_silicon_cases_are_the_sample_rows_verbatim():
+    """The H and J cases are what silicon_cases.py writes from AIConfigurator's silicon sample, and
+    check_data notices a number that is not the row's."""
+    run = _runner()
+    if run.silicon_rows() is None:
+        pytest.skip("aiconfigurator-core not installed (the aic extra): no silicon sample to check against")
+    spec = importlib.util.spec_from_file_location("silicon_cases", VALIDATION / "silicon_cases.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    assert mod.blocks().strip() in (VALIDATION / "cases.toml").read_text()
+    cases = [c for c in run.load_cases() if "silicon_row" in c]
+    assert run.check_data(cases) == []
+    bad = dict(cases[0], real=dict(cases[0]["real"], mean_tpot_ms=cases[0]["real"]["mean_tpot_ms"] * 1.01))
+    assert any("mean_tpot_ms" in p for p in run.check_data([bad]))
+
+
+def test_goal_statistics_by_hand():
+    """The current-engine summary: share within 15%, count beyond 50%, median |error| (hand-computed)."""
+    run = _runner()
+    n, within, beyond, mabs = run.goal_stats([-10.0, 15.0, 20.0, -60.0, 51.0])
+    assert (n, within, beyond, mabs) == (5, 0.4, 2, 20.0)
+    rows = [{"case": "X1", "ran_version": "vLLM 0.11", "scored": "yes", "error_pct": e, "metric": "mean_ttft_ms",
+             "sim_gpu": "H100-80GB SXM"} for e in ("+5.0", "-14.9", "+16.0", "+70.0")]
+    cases = [{"id": "X1", "sim": {"engine": "vllm-v1", "scheduler": {"engine_version": "0.11"}}}]
+    md = "\n".join(run.current_engine_section(cases, rows, []))
+    assert "4 compared numbers: 50% within 15%" in md and "1 beyond 50%" in md and "not met" in md
+    assert "X1 mean TTFT +70.0%" in md

@@ -52,15 +52,24 @@ COMMAND = "python experiments/validation/run.py"
 
 # The columns of report.csv, in order.
 COLUMNS = ("case", "gpu", "sim_gpu", "model", "tp", "real_engine", "sim_engine", "rate", "metric", "unit", "real",
-           "simulated", "error_pct", "scored", "what_differs")
+           "simulated", "error_pct", "scored", "what_differs", "ran_version")
+# The issue-43 goal for current-engine cases: this share of compared numbers within WITHIN_PCT, none beyond BEYOND_PCT.
+GOAL_SHARE, WITHIN_PCT, BEYOND_PCT = 0.85, 15.0, 50.0
+SILICON_SAMPLE = "aiconfigurator_core/systems/silicon_sample.csv"  # AIConfigurator's end-to-end measurements
+# A diagnostic, not a fit: the silicon cases' closed loops re-run with clients that drift apart (an exponential
+# think time of DRIFT_THINK_S between a client's requests), to show what the lock-step of identical simulated
+# clients does to TTFT and TPOT. Its numbers are shown next to the case's, never scored.
+DRIFT = "clients drift apart"
+DRIFT_THINK_S = 0.2
 # The GPU of a profile folder (profiles/built/<gpu>/<model>/tp<T>), as the report names it.
-PROFILE_GPUS = {"a100-sxm-80gb": "A100-80GB SXM", "a100-pcie-40gb": "A100-40GB PCIe", "h100-sxm-80gb": "H100-80GB SXM"}
+PROFILE_GPUS = {"a100-sxm-80gb": "A100-80GB SXM", "a100-pcie-40gb": "A100-40GB PCIe", "h100-sxm-80gb": "H100-80GB SXM",
+                "h200-sxm": "H200-141GB SXM", "b200-sxm": "B200-180GB SXM"}
 
 # metric -> (unit, statistic). Workload totals (total_*) are shown next to the simulated sample's but
 # not scored: they say how far the replayed lengths are from the run's own, not how fast PipeSim is.
 METRICS = {
     "mean_ttft_ms": ("ms", "mean TTFT"), "median_ttft_ms": ("ms", "median TTFT"), "p99_ttft_ms": ("ms", "P99 TTFT"),
-    "median_tpot_ms": ("ms", "median TPOT"), "median_itl_ms": ("ms", "median ITL"),
+    "median_tpot_ms": ("ms", "median TPOT"), "mean_tpot_ms": ("ms", "mean TPOT"), "median_itl_ms": ("ms", "median ITL"),
     "mean_e2e_ms": ("ms", "mean E2E"), "median_e2e_ms": ("ms", "median E2E"),
     "p95_ttft_ms": ("ms", "P95 TTFT"), "p95_tpot_ms": ("ms", "P95 TPOT"), "p95_e2e_ms": ("ms", "P95 E2E"),
     "p99_e2e_ms": ("ms", "P99 E2E"),
@@ -123,6 +132,31 @@ def aic_profile(case: dict) -> str | None:
     gpu, model, tp = parts[2], parts[3], parts[4]
     twin = Path("profiles", "aic", gpu, "vllm", f"{model}-bf16-kvbf16", tp)
     return str(twin) if (REPO / twin / "meta.toml").is_file() else None
+
+
+def load_refused(path: Path = CASES_FILE) -> list[dict]:
+    """The published current-engine measurements PipeSim cannot replay, each with its reason."""
+    with open(path, "rb") as fh:
+        refused = tomllib.load(fh).get("refused", [])
+    for r in refused:
+        missing = [k for k in ("id", "what", "rows", "reason") if k not in r]
+        if missing:
+            raise SystemExit(f"{path}: refused entry {r.get('id', '?')}: missing {', '.join(missing)}")
+    return refused
+
+
+def silicon_rows() -> dict[str, dict] | None:
+    """AIConfigurator's silicon sample by row id (None where aiconfigurator-core is not installed)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("aiconfigurator_core")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    path = Path(list(spec.submodule_search_locations)[0]).parent / SILICON_SAMPLE
+    if not path.is_file():
+        return None
+    with open(path, newline="") as fh:
+        return {r["id"]: r for r in csv.DictReader(fh)}
 
 
 def case_by_id(cases: list[dict]) -> dict[str, dict]:
@@ -200,8 +234,22 @@ def read_log_data(path: Path) -> tuple[dict, list[int], list[int], str]:
 def check_data(cases: list[dict]) -> list[str]:
     """Problems of the data files: totals against the header, header against cases.toml's numbers."""
     problems = []
+    silicon = silicon_rows() if any("silicon_row" in c for c in cases) else None
     for c in cases:
         wl = c["workload"]
+        if "silicon_row" in c and silicon is not None:
+            row = silicon.get(c["silicon_row"])
+            if row is None:
+                problems.append(f"{c['id']}: silicon row {c['silicon_row']} not in {SILICON_SAMPLE}")
+            else:
+                want = {"mean_ttft_ms": float(row["silicon_ttft_ms"]), "mean_tpot_ms": float(row["silicon_tpot_ms"]),
+                        "input": int(row["isl"]), "output": int(row["osl"]), "concurrency": int(row["batch_size"]),
+                        "tp": int(row["tp_size"])}
+                have = dict(c["real"], input=wl.get("input"), output=wl.get("output"),
+                            concurrency=wl.get("concurrency"), tp=c["tp"])
+                for key, val in want.items():
+                    if have.get(key) != val:
+                        problems.append(f"{c['id']}: {key} = {have.get(key)} in cases.toml, {val} in the silicon row")
         if wl["source"] != "log":
             continue
         path = HERE / wl["file"]
@@ -292,12 +340,16 @@ def config_table(case: dict, quick: bool = False, toggle: str | None = None, kv_
         sched["overlap"] = True
     elif toggle == "variance off":
         latency["variance"] = False
+    elif toggle == DRIFT:
+        pass  # the client's think time, below
     elif toggle is not None and toggle.startswith(("cpu_per_request_us ", "cpu_ms ")):
         key, val = toggle.split()
         latency["overrides"] = {key: float(val)}
     elif toggle is not None:
         raise SystemExit(f"unknown toggle {toggle!r}")
     workload, _ = _lengths(case, quick)
+    if toggle == DRIFT:
+        workload["think_time"] = {"distribution": "exponential", "mean_s": DRIFT_THINK_S}
     return {"seed": SEED, "parallel": {"tp": int(case["tp"])}, "scheduler": sched, "latency": latency,
             # real servers retract or preempt when the KV cache runs out; none exits
             "server": {"on_kv_exhausted": "retract"}, "workload": workload}
@@ -350,6 +402,7 @@ def client_metrics(result, log_outputs: list | None) -> dict:
     out["median_ttft_ms"] = float(np.median(f(ttft)))
     out["p99_ttft_ms"] = float(np.percentile(f(ttft), 99))
     out["median_tpot_ms"] = float(np.median(f(tpot))) if len(f(tpot)) else math.nan
+    out["mean_tpot_ms"] = float(f(tpot).mean()) if len(f(tpot)) else math.nan
     # numpy's linear percentiles (vLLM's and SGLang's clients, and the G cases' own `pct`, interpolate so)
     out["p95_ttft_ms"] = float(np.percentile(f(ttft), 95))
     out["p95_tpot_ms"] = float(np.percentile(f(tpot), 95)) if len(f(tpot)) else math.nan
@@ -440,8 +493,23 @@ def report_rows(cases: list[dict], sims: dict) -> list[dict]:
                 "metric": key, "unit": METRICS[key][0],
                 "real": fmt(real), "simulated": fmt(sim), "error_pct": "" if math.isnan(err) else f"{err:+.1f}",
                 "scored": "no" if key in UNSCORED else "yes", "what_differs": "; ".join(c.get("differs", [])),
+                "ran_version": c.get("ran_version", "") if c.get("current_engine") else "",
             })
+        if "silicon_row" in c:
+            rows.append(dict(rows[-1], **implied_e2e_row(c, m)))
     return rows
+
+
+def implied_e2e_row(case: dict, m: dict) -> dict:
+    """The mean E2E a silicon row implies: every request has exactly OSL output tokens, so with TPOT the mean
+    of (E2E - TTFT) / (OSL - 1), mean E2E = mean TTFT + (OSL - 1) x mean TPOT (and a closed loop's throughput
+    is concurrency x OSL / mean E2E). Derived from the published numbers, not published: shown, not scored."""
+    osl = int(case["workload"]["output"])
+    real = case["real"]["mean_ttft_ms"] + (osl - 1) * case["real"]["mean_tpot_ms"]
+    sim = m.get("mean_e2e_ms", math.nan)
+    err = error_pct(real, sim)
+    return {"metric": "mean_e2e_ms", "unit": "ms", "real": fmt(real), "simulated": fmt(sim),
+            "error_pct": "" if math.isnan(err) else f"{err:+.1f}", "scored": "derived"}
 
 
 def write_csv(rows: list[dict], path: Path) -> None:
@@ -496,6 +564,110 @@ def metric_class(key: str) -> str:
     return "E2E"
 
 
+def goal_stats(errs: list[float]) -> tuple[int, float, int, float]:
+    """(numbers, share within WITHIN_PCT, count beyond BEYOND_PCT, median |error|) of a list of errors in %."""
+    n = len(errs)
+    within = sum(1 for e in errs if abs(e) <= WITHIN_PCT) / n if n else math.nan
+    return n, within, sum(1 for e in errs if abs(e) > BEYOND_PCT), _median([abs(e) for e in errs])
+
+
+def current_engine_section(cases: list[dict], rows: list[dict], refused: list[dict], sims: dict | None = None,
+                           toggles: dict | None = None) -> list[str]:
+    """Issue 43's table: the current-engine cases' errors per engine version and metric, against the goal
+    (GOAL_SHARE of the numbers within WITHIN_PCT, none beyond BEYOND_PCT), the misses, and what was refused."""
+    by_id = case_by_id(cases)
+    cur = [r for r in rows if r["ran_version"] and r["scored"] == "yes" and r["error_pct"]]
+    L = ["", "## Current engines (vLLM >= 0.10, SGLang >= 0.4.6; measured 2025-2026)", ""]
+    if not cur:
+        return L + ["No current-engine case in this run.", ""]
+    errs = [float(r["error_pct"]) for r in cur]
+    n, within, beyond, mabs = goal_stats(errs)
+    ncases = len({r["case"] for r in cur})
+    met = within >= GOAL_SHARE and beyond == 0
+    L.append(f"{ncases} cases, {n} compared numbers: {within * 100:.0f}% within {WITHIN_PCT:.0f}% (goal "
+             f"{GOAL_SHARE * 100:.0f}%), {beyond} beyond {BEYOND_PCT:.0f}% (goal none), median |error| {mabs:.1f}%: "
+             f"the goal is {'met' if met else 'not met'}. Per engine version (as it ran) and metric:")
+    L.append("")
+    L.append(f"| engine version (ran) | PipeSim engine | cases | GPUs | metric | numbers | median error | median "
+             f"\\|error\\| | within {WITHIN_PCT:.0f}% | beyond {BEYOND_PCT:.0f}% |")
+    L.append("|---|---|---:|---|---|---:|---:|---:|---:|---:|")
+    versions: dict[str, list[dict]] = {}
+    for r in cur:
+        versions.setdefault(r["ran_version"], []).append(r)
+    for ver in sorted(versions):
+        vrows = versions[ver]
+        ids = sorted({r["case"] for r in vrows}, key=lambda k: (k[0], int(k[1:]) if k[1:].isdigit() else 0))
+        sim_eng = sorted({f"{by_id[k]['sim']['engine']} {by_id[k]['sim'].get('scheduler', {}).get('engine_version', '')}"
+                          .strip() for k in ids})
+        gpus = sorted({r["sim_gpu"] for r in vrows})
+        groups = {"all": vrows}
+        for r in vrows:
+            groups.setdefault(METRICS[r["metric"]][1], []).append(r)
+        first = True
+        for name, grows in groups.items():
+            e = [float(r["error_pct"]) for r in grows]
+            k, w, b, m = goal_stats(e)
+            head = (f"| {ver} | {', '.join(sim_eng)} | {len(ids)} ({ids[0]}-{ids[-1]}) | {', '.join(gpus)} |"
+                    if first else "| | | | |")
+            first = False
+            L.append(f"{head} {name} | {k} | {_median(e):+.1f}% | {m:.1f}% | {w * 100:.0f}% | {b} |")
+    L.append("")
+    L.append("Per metric over all current-engine cases:")
+    L.append("")
+    L.append(f"| metric | numbers | median error | median \\|error\\| | within {WITHIN_PCT:.0f}% | beyond "
+             f"{BEYOND_PCT:.0f}% |")
+    L.append("|---|---:|---:|---:|---:|---:|")
+    per_metric: dict[str, list[float]] = {}
+    for r in cur:
+        per_metric.setdefault(METRICS[r["metric"]][1], []).append(float(r["error_pct"]))
+    for name, e in per_metric.items():
+        k, w, b, m = goal_stats(e)
+        L.append(f"| {name} | {k} | {_median(e):+.1f}% | {m:.1f}% | {w * 100:.0f}% | {b} |")
+    derived = [float(r["error_pct"]) for r in rows if r["ran_version"] and r["scored"] == "derived" and r["error_pct"]]
+    if derived:
+        k, w, b, m = goal_stats(derived)
+        L.append(f"| mean E2E implied by a silicon row (TTFT + (OSL - 1) x TPOT; derived, not in the counts above) | "
+                 f"{k} | {_median(derived):+.1f}% | {m:.1f}% | {w * 100:.0f}% | {b} |")
+    drift = [(c, toggles[c["id"]][DRIFT]) for c in cases if toggles and DRIFT in toggles.get(c["id"], {})]
+    if drift and sims:
+        L.append("")
+        L.append(f"Diagnostic (not scored, not a fit): the silicon cases' simulated clients start together and, with "
+                 f"identical lengths, stay in lock-step, so every round's prompts queue behind each other (TTFT high) "
+                 f"and then decode undisturbed (TPOT low). Re-run with clients that drift apart (an exponential think "
+                 f"time of {DRIFT_THINK_S:g} s between a client's requests; the real think time is not published):")
+        L.append("")
+        L.append("| case | concurrency | ISL/OSL | real TTFT | PipeSim TTFT | drifting | real TPOT | PipeSim TPOT | "
+                 "drifting |")
+        L.append("|---|---:|---|---:|---:|---:|---:|---:|---:|")
+        for c, m in drift:
+            base, real, wl = sims[c["id"]], c["real"], c["workload"]
+            L.append(f"| {c['id']} | {wl['concurrency']} | {wl['input']}/{wl['output']} | {fmt(real['mean_ttft_ms'])} | "
+                     f"{fmt(base['mean_ttft_ms'])} ({error_pct(real['mean_ttft_ms'], base['mean_ttft_ms']):+.0f}%) | "
+                     f"{fmt(m['mean_ttft_ms'])} ({error_pct(real['mean_ttft_ms'], m['mean_ttft_ms']):+.0f}%) | "
+                     f"{fmt(real['mean_tpot_ms'])} | {fmt(base['mean_tpot_ms'])} "
+                     f"({error_pct(real['mean_tpot_ms'], base['mean_tpot_ms']):+.0f}%) | {fmt(m['mean_tpot_ms'])} "
+                     f"({error_pct(real['mean_tpot_ms'], m['mean_tpot_ms']):+.0f}%) |")
+    misses = [r for r in cur if abs(float(r["error_pct"])) > BEYOND_PCT]
+    L.append("")
+    if misses:
+        L.append(f"Beyond {BEYOND_PCT:.0f}% ({len(misses)}; why: the case notes' 'what differs' and the README): "
+                 + "; ".join(f"{r['case']} {METRICS[r['metric']][1]} {r['error_pct']}%" for r in misses) + ".")
+    else:
+        L.append(f"No compared number is beyond {BEYOND_PCT:.0f}%.")
+    if refused:
+        L.append("")
+        n_ref = sum(int(r["rows"]) for r in refused if not r.get("not_selected"))
+        n_sel = sum(int(r["rows"]) for r in refused if r.get("not_selected"))
+        L.append(f"Refused: {n_ref} published rows PipeSim cannot replay (not forced); not selected: {n_sel} "
+                 f"replayable rows left out for run time:")
+        L.append("")
+        L.append("| id | what | rows | why |")
+        L.append("|---|---|---:|---|")
+        for r in refused:
+            L.append(f"| {r['id']} | {r['what']} | {r['rows']} | {r['reason']} |")
+    return L
+
+
 def write_report(cases: list[dict], sims: dict, toggles: dict, rows: list[dict], path: Path, quick: bool,
                  only: bool) -> None:
     by_id = case_by_id(cases)
@@ -532,11 +704,14 @@ def write_report(cases: list[dict], sims: dict, toggles: dict, rows: list[dict],
         err = f"{r['error_pct']}%" if r["error_pct"] else ""
         if r["scored"] == "no":
             err = f"({err} workload)" if err else "(workload)"
+        elif r["scored"] == "derived":
+            err = f"({err} derived)"
         first = r["case"] not in shown
         shown.add(r["case"])
         head = (f"| {r['case']} | {r['sim_gpu']}{' (inferred)' if c.get('gpu_inferred') else ''} | {r['model']} "
                 f"x{r['tp']} | {eng} | {r['rate']} |") if first else "| | | | | |"
-        L.append(f"{head} {METRICS[r['metric']][1]} ({r['unit']}) | {r['real']} | {r['simulated']} | {err} | "
+        what = METRICS[r["metric"]][1] + (" (implied: TTFT + (OSL - 1) x TPOT)" if r["scored"] == "derived" else "")
+        L.append(f"{head} {what} ({r['unit']}) | {r['real']} | {r['simulated']} | {err} | "
                  f"{c.get('differs_short', '') if first else ''} |")
     # ---- aggregates
     L.append("")
@@ -553,7 +728,9 @@ def write_report(cases: list[dict], sims: dict, toggles: dict, rows: list[dict],
                        ("GPU", lambda r: r["sim_gpu"])):
         for name, n, mabs, med, within in _group_stats(rows, key):
             L.append(f"| {title}: {name} | {n} | {mabs:.1f}% | {med:+.1f}% | {within:.0f}% |")
-    # ---- full-load study
+    L += current_engine_section(cases, rows, load_refused(), sims, toggles)
+    # ---- full-load study (the drift diagnostic's runs are in the current-engine section)
+    toggles = {cid: t for cid, t in toggles.items() if in_full_load_study(by_id[cid])}
     if toggles:
         L.append("")
         L.append("## Full load: offline throughput and the costs that grow with it")
@@ -695,6 +872,7 @@ def main(argv: list[str] | None = None) -> int:
     jobs: list[tuple[str, str | None, bool]] = [(c["id"], None, args.quick) for c in cases]
     if not args.quick and not args.no_toggles:
         jobs += [(c["id"], t, False) for c in cases if in_full_load_study(c) for t in toggles_for(c)]
+        jobs += [(c["id"], DRIFT, False) for c in cases if "silicon_row" in c]
     # the longest runs first, so two workers finish together
     weight = {c["id"]: (c["workload"].get("num_requests") or 320) * (10 if c["tp"] > 1 else 1) for c in cases}
     order = sorted(range(len(jobs)), key=lambda i: -weight[jobs[i][0]])
