@@ -123,7 +123,9 @@ class Req:
                         itls.append(times[k + 1] - times[k])
                 else:
                     view = np.frombuffer(times, dtype=np.float64, count=last - start + 1, offset=8 * start)
-                    self.itls.frombytes(np.diff(view).tobytes())
+                    # (np.subtract of the shifted views is what np.diff computes, without its
+                    # argument handling: ~5 us less a call, one call per finished request)
+                    self.itls.frombytes(np.subtract(view[1:], view[:-1]).tobytes())
                     del view  # (the view pins the array's buffer: it must not outlive this call)
             self.last_token_s = times[last]
         self.seg_times = None
