@@ -146,6 +146,7 @@ def pool_sizes(cfg: RunConfig, latency, eng=None, settings: EngineSettings | Non
         raise ConfigError(f"config [scheduler] mem_fraction = {frac}: the model does not fit in GPU "
                           f"memory at pp = {cfg.parallel.pp}, tp = {cfg.parallel.tp} (profile {cfg.latency.profile}: "
                           f"KV pool <= 0 tokens); allowed: {larger}")
+    before_blocks = kv
     if eng is not None and hasattr(eng, "pool_tokens"):
         kv = eng.pool_tokens(kv, sc)  # vLLM: whole blocks, less V1's null block
     max_num_reqs = min(max(int(kv / ctx * 512), 2048), 4096)
@@ -160,10 +161,15 @@ def pool_sizes(cfg: RunConfig, latency, eng=None, settings: EngineSettings | Non
         # request would "finish" with a prompt of 0 or fewer tokens
         given = (f"kv_tokens = {sc.kv_tokens}" if sc.kv_tokens else
                  f"mem_fraction = {frac} (profile {cfg.latency.profile})")
-        raise ConfigError(f"config [scheduler] {given}: a KV pool of {kv} token(s) per stage cannot hold one "
-                          f"request, which needs at least {MIN_POOL_TOKENS} (a 1-token prompt, its output token and "
-                          f"the 5 the engine keeps in reserve); allowed: kv_tokens >= {MIN_POOL_TOKENS}, or 0 to size "
-                          f"the pool from the profile's memory")
+        need, blocks = MIN_POOL_TOKENS, ""
+        if before_blocks != kv:  # vLLM: the pool counts whole blocks, less V1's null block
+            while eng.pool_tokens(need, sc) < MIN_POOL_TOKENS:
+                need += 1
+            blocks = f" ({max(kv, 0)} in the engine's whole {sc.block_size_tokens}-token blocks)"
+        raise ConfigError(f"config [scheduler] {given}: a KV pool of {before_blocks} token(s) per stage{blocks} "
+                          f"cannot hold one request, which needs at least {MIN_POOL_TOKENS} (a 1-token prompt, its "
+                          f"output token and the 5 the engine keeps in reserve); allowed: kv_tokens >= {need}, or 0 "
+                          f"to size the pool from the profile's memory")
     return kv, max_running, max_req_len, max_req_len - 5
 
 
