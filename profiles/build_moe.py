@@ -11,6 +11,11 @@ model of profiles/models/ (a `[moe]` table), each weight dtype of `DTYPES` and e
 that divides the heads and the expert FFN and holds the weights on at most 8 GPUs, one profile with experts
 sharded by TP and balanced routing in profiles/moe/<gpu>/vllm/<model>-<weights>-kv<kv>/tp<T>/, plus
 profiles/moe/index.csv: one row per profile with its expert kernel and its roofline ratio.
+
+The A100 (`A100_GPUS`, BF16) is built by `build_moe_profile_a100`: Vidur's A100 data for the dense parts, the
+A100 MoE table of `sim.profiling.moe.A100_MOE_TABLE` (or Frontier's reduced table,
+profiles/moe/sources/frontier_a100_mixtral_8x7b_moe.csv, where `FRONTIER_USED` says) for the experts, at the TPs
+the table has rows for. `--check` leaves profiles/moe/README.md and profiles/moe/sources/ (inputs) alone.
 """
 
 from __future__ import annotations
@@ -27,7 +32,8 @@ sys.path.insert(0, str(ROOT))
 from build_aic import compare  # noqa: E402
 from sim.profiling.aic import SYSTEMS, AicData, package_version  # noqa: E402
 from sim.profiling.build import TPS  # noqa: E402
-from sim.profiling.moe import MOE_DIR, build_moe_profile, moe_dir  # noqa: E402
+from sim.profiling.moe import (A100_GPUS, A100_MOE_TABLE, FRONTIER_USED, MOE_DIR, a100_moe_table,  # noqa: E402
+                               build_moe_profile, build_moe_profile_a100, moe_dir)
 from sim.latency.hardware import load_gpu  # noqa: E402
 from sim.profiling.specs import allowed_tps, fits_somewhere, load_model, model_names  # noqa: E402
 
@@ -38,6 +44,7 @@ GPUS = ("h100-sxm-80gb", "h200-sxm")
 # profiles wait for a deployable FP8 kernel's rows (build_moe_profile(weight_dtype="fp8") still builds one).
 DTYPES = (("bf16", "bf16"),)
 ENGINE = "vllm"
+INPUTS = ("README.md", "sources")       # files of profiles/moe/ that the build reads or documents, not writes
 
 
 def jobs():
@@ -52,6 +59,23 @@ def jobs():
                 for tp in allowed_tps(model, TPS):
                     if not model.moe.expert_intermediate_size % tp and fits_somewhere(sized, gpu, tp):
                         yield gpu, model, w, kv, tp
+    rows, _ = a100_moe_table()
+    _, _, _, ks, md = A100_MOE_TABLE
+    for g in A100_GPUS:
+        gpu = load_gpu(g)
+        for m in model_names():
+            model = load_model(m)
+            if model.moe is None:
+                continue
+            mo = model.moe
+            have = set(rows[(rows.kernel_source == ks) & (rows.moe_dtype == md) & (rows.hidden_size == model.hidden_size)
+                            & (rows.inter_size == mo.expert_intermediate_size) & (rows.topk == mo.top_k)
+                            & (rows.num_experts == mo.num_experts) & (rows.moe_ep_size == 1)
+                            & (rows.distribution == "balanced")].moe_tp_size.astype(int))
+            for tp in allowed_tps(model, TPS):
+                if (not mo.expert_intermediate_size % tp and fits_somewhere(model, gpu, tp)
+                        and (tp in have or (model.name, tp) in FRONTIER_USED)):
+                    yield gpu, model, "bf16", "bf16", tp
 
 
 def build(root: Path) -> list[Path]:
@@ -59,10 +83,13 @@ def build(root: Path) -> list[Path]:
 
     written, rows, data = [], [], {}
     for gpu, model, w, kv, tp in tqdm(list(jobs()), desc="build_moe", unit="profile"):
-        aic = data.setdefault(gpu.name, AicData(SYSTEMS[gpu.name], ENGINE))
         out = moe_dir(root, gpu, ENGINE, model.name, w, kv, tp)
-        prof = build_moe_profile(model, gpu, tp, out, engine=ENGINE, weight_dtype=w, kv_dtype=kv, compact=True,
-                                 aic=aic)
+        if gpu.name in A100_GPUS:
+            prof = build_moe_profile_a100(model, gpu, tp, out, compact=True)
+        else:
+            aic = data.setdefault(gpu.name, AicData(SYSTEMS[gpu.name], ENGINE))
+            prof = build_moe_profile(model, gpu, tp, out, engine=ENGINE, weight_dtype=w, kv_dtype=kv, compact=True,
+                                     aic=aic)
         p, fe = prof.meta["profile"], prof.meta["fit_errors"]
         rows.append(",".join([gpu.name, model.name, w, kv, str(tp), str(out.relative_to(root)), p["moe_kernel"],
                               p["moe_distribution"], f"{fe['moe_roofline_ratio_min']:.3f}"]))
@@ -80,7 +107,7 @@ def main() -> int:
     if args.check:
         with tempfile.TemporaryDirectory() as tmp:
             build(Path(tmp))
-            diff = compare(Path(tmp), MOE_DIR)
+            diff = [d for d in compare(Path(tmp), MOE_DIR) if Path(d).parts[0] not in INPUTS]
         for d in diff:
             print(f"differs: profiles/moe/{d}")
         print(f"{len(diff)} differing files")

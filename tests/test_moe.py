@@ -219,3 +219,55 @@ def test_cli_refuses_moe_on_vidur_data(tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert rc != 0 and "mixture-of-experts" in err and "--data aic" in err and "\n" not in err
     assert not (tmp_path / "p").exists()
+
+
+@aic_only
+def test_a100_moe_profile_composes_vidur_dense_parts_with_the_chosen_expert_curve(tmp_path):
+    """A100 (issue 44): the dense parts are Vidur's A100 built profile's, the router is Vidur's GEMM model at
+    (experts, hidden), the experts are AIConfigurator's SGLang A100 Triton rows at TP 2 and Frontier's table
+    (gating + shuffling + grouped GEMM) for Mixtral at TP 1, read as measured at their token counts."""
+    import pandas as pd
+
+    from sim.latency.hardware import load_gpu, load_interconnect
+    from sim.profiling.build import build_profile
+    from sim.profiling.kernels import KernelModel
+    from sim.profiling.moe import FRONTIER_CSV, a100_moe_table, build_moe_profile_a100
+
+    model, gpu = load_model("mixtral-8x7b"), load_gpu("a100-sxm-80gb")
+    prof = build_moe_profile_a100(model, gpu, 2, tmp_path / "tp2")
+    lay = pd.read_csv(tmp_path / "tp2" / "layer_nonattn.csv", index_col="num_tokens")
+    df, _ = a100_moe_table()
+    rows = df[(df.kernel_source == "sglang_fused_moe_triton") & (df.moe_dtype == "bfloat16") & (df.hidden_size == 4096)
+              & (df.inter_size == 14336) & (df.topk == 2) & (df.num_experts == 8) & (df.moe_tp_size == 2)
+              & (df.moe_ep_size == 1) & (df.distribution == "balanced")]
+    for t in (1, 256, 4096):
+        assert lay.loc[t, "moe_experts"] == pytest.approx(rows[rows.num_tokens == t].latency.median(), rel=1e-4)
+    # the dense twin: Mistral-7B's attention shape with the expert FFN, from the same Vidur A100 data
+    import dataclasses
+    proxy = dataclasses.replace(model, moe=None, intermediate_size=14336)
+    build_profile(proxy, gpu, load_interconnect(gpu.default_interconnect), 2, tmp_path / "dense")
+    dense = pd.read_csv(tmp_path / "dense" / "layer_nonattn.csv", index_col="num_tokens")
+    for col in ("qkv_proj", "o_proj", "rope", "rmsnorm_x2", "residual_add"):
+        assert lay[col].to_numpy() == pytest.approx(dense[col].to_numpy(), rel=1e-4)
+    assert lay["router"].to_numpy() == pytest.approx(KernelModel.load("a100").gemm_ms(8, 4096), rel=1e-4)
+    parts = lay[["qkv_proj", "o_proj", "router", "moe_experts", "rope", "rmsnorm_x2", "residual_add"]].sum(axis=1)
+    assert lay["layer_nonattn_ms"].to_numpy() == pytest.approx(parts.to_numpy(), rel=1e-4)
+    assert (tmp_path / "tp2" / "attention.csv").read_text() == (tmp_path / "dense" / "attention.csv").read_text()
+    assert prof.shape().layer_params == model.layer_params and prof.meta["moe"]["moe_tp"] == 2
+    # TP 1: Frontier's table (1 token: 0.019 + 0.019 + 0.496 ms in the reduced file; 1024: 0.034 + 0.115 + 3.599)
+    build_moe_profile_a100(model, gpu, 1, tmp_path / "tp1")
+    lay1 = pd.read_csv(tmp_path / "tp1" / "layer_nonattn.csv", index_col="num_tokens")
+    assert lay1.loc[1, "moe_experts"] == pytest.approx(0.019 + 0.019 + 0.496)
+    assert lay1.loc[1024, "moe_experts"] == pytest.approx(0.034 + 0.115 + 3.599)
+    assert "Frontier" in FRONTIER_CSV.read_text().splitlines()[0]
+
+
+def test_a100_moe_builder_refuses_other_gpus_and_dense_models(tmp_path):
+    from sim.latency.hardware import load_gpu
+    from sim.profiling.moe import build_moe_profile_a100
+
+    with pytest.raises(DataError, match="--gpu 'h100-sxm-80gb'"):
+        build_moe_profile_a100(load_model("mixtral-8x7b"), load_gpu("h100-sxm-80gb"), 2, tmp_path / "p")
+    with pytest.raises(DataError, match="not a mixture-of-experts"):
+        build_moe_profile_a100(load_model("mistral-7b"), load_gpu("a100-sxm-80gb"), 2, tmp_path / "p")
+    assert not (tmp_path / "p").exists()

@@ -25,10 +25,16 @@ layer's all-reduce (`sdk/models/blocks/moe.py` `build_moe_block_ops`). This modu
   tokens touch (`sim.latency.roofline.expected_experts`), and whether the curve gets faster with TP (the
   table's rows at moe_tp / 2), both written into the profile's [derivation].
 
-The second source the issue names for the A100, the MIT-licensed Mixtral-8x7B MoE table of the Frontier
-simulator (NetX-lab/Frontier, data/profiling/compute/a100/mixtral_8x7b_moe/moe.csv), is read by
-profiles/crosscheck_moe_a100.py, which compares it with AIConfigurator's A100 rows
-(profiles/crosscheck_moe_a100.md); no A100 MoE profile is built yet.
+**The A100** (`build_moe_profile_a100`): AIConfigurator's A100 system is not wired for dense parts
+(`sim.profiling.aic.SYSTEMS`), so the rest of the layer is Vidur's A100 data (`sim.profiling.build`, as every
+A100 built profile) and the router GEMM Vidur's GEMM model at (experts, hidden). The expert curve, per
+profiles/crosscheck_moe_a100.md: AIConfigurator's A100 SGLang 0.5.10 rows of the Triton fused MoE
+(`A100_MOE_TABLE`; its vLLM 0.14 A100 table has power-law rows only, `vllm_fused_moe`, within about 10% of
+SGLang's power-law rows for Mixtral at moe_tp 1-4: the same Triton kernel), except Mixtral-8x7B at TP 1, where
+AIConfigurator's rows are 2.7-2.8x the roofline floor from 1024 tokens (1.7-2.0x the second source) and the
+MIT-licensed Frontier table (NetX-lab/Frontier `data/profiling/compute/a100/mixtral_8x7b_moe/moe.csv`: gating +
+shuffling + grouped GEMM, timed apart, on Vidur's token grid) is used instead (`FRONTIER_CSV`, derived by
+profiles/derive_frontier_moe.py with the source commit in its header).
 """
 
 from __future__ import annotations
@@ -59,6 +65,12 @@ MOE_KERNELS = {"vllm": {"bf16": ("bfloat16", "vllm_unquantizedfusedmoe_triton_tr
                         "fp8": ("fp8", "vllm_modeloptfp8moe_flashinfer_cutlass_flashinferexperts")},
                "sglang": {"bf16": ("bfloat16", "sglang_fused_moe_triton")}}
 DISTRIBUTIONS = ("balanced", "power_law_1.01", "power_law_1.2")
+# the A100's MoE table (see the module docstring): (AIC system, engine, version, kernel_source, moe_dtype)
+A100_MOE_TABLE = ("a100_sxm", "sglang", "0.5.10", "sglang_fused_moe_triton", "bfloat16")
+A100_GPUS = ("a100-sxm-80gb",)
+# Frontier's Mixtral-8x7B A100 table, reduced to per-(TP, tokens) medians of its three parts
+FRONTIER_CSV = MOE_DIR / "sources" / "frontier_a100_mixtral_8x7b_moe.csv"
+FRONTIER_USED = {("mixtral-8x7b", 1)}   # (model, TP) whose A100 expert curve is Frontier's, not AIConfigurator's
 SLOW_BOUND = 3.0                         # a point this many times its roofline floor is reported (profile check's)
 LAYER_COLS = ["qkv_proj", "o_proj", "router", "moe_experts", "rope", "rmsnorm_x2", "residual_add", "linear_ms",
               "layer_nonattn_ms"]
@@ -97,23 +109,29 @@ class AicMoe:
         if dtype not in kernels:
             raise DataError(f"weight dtype {dtype!r}: no {self.aic.engine} MoE kernel chosen; allowed: "
                             f"{', '.join(kernels)}")
-        if distribution not in DISTRIBUTIONS:
-            raise DataError(f"--moe-distribution {distribution!r}: allowed: {', '.join(DISTRIBUTIONS)}")
         md, ks = kernels[dtype]
-        m = model.moe
-        df = self.table
-        shape = df[(df["kernel_source"] == ks) & (df["moe_dtype"] == md) & (df["hidden_size"] == model.hidden_size)
-                   & (df["inter_size"] == m.expert_intermediate_size) & (df["topk"] == m.top_k)
-                   & (df["num_experts"] == m.num_experts) & (df["distribution"] == distribution)]
-        rows = shape[(shape["moe_tp_size"] == moe_tp) & (shape["moe_ep_size"] == ep)]
-        if rows.empty:
-            have = sorted({(int(a), int(b)) for a, b in zip(shape["moe_tp_size"], shape["moe_ep_size"])})
-            raise DataError(f"{self.rel}: no {ks} {md} rows for {model.name} (hidden {model.hidden_size}, expert FFN "
-                            f"{m.expert_intermediate_size}, top-{m.top_k} of {m.num_experts}, {distribution}) at "
-                            f"moe_tp {moe_tp} x ep {ep}; (moe_tp, ep) present: "
-                            f"{', '.join(f'({a}, {b})' for a, b in have) or 'none'}")
-        med = rows.groupby("num_tokens")["latency"].median()
-        return med.index.to_numpy(np.int64), med.to_numpy(float)
+        return table_curve(self.table, self.rel, ks, md, model, moe_tp, ep, distribution)
+
+
+def table_curve(df: pd.DataFrame, rel: str, ks: str, md: str, model: ModelArch, moe_tp: int, ep: int,
+                distribution: str) -> tuple[np.ndarray, np.ndarray]:
+    """(tokens, ms): the median per num_tokens of an AIConfigurator MoE table's rows of kernel `ks`, dtype `md`
+    at `model`'s MoE shape, (moe_tp, ep) and routing `distribution`."""
+    if distribution not in DISTRIBUTIONS:
+        raise DataError(f"--moe-distribution {distribution!r}: allowed: {', '.join(DISTRIBUTIONS)}")
+    m = model.moe
+    shape = df[(df["kernel_source"] == ks) & (df["moe_dtype"] == md) & (df["hidden_size"] == model.hidden_size)
+               & (df["inter_size"] == m.expert_intermediate_size) & (df["topk"] == m.top_k)
+               & (df["num_experts"] == m.num_experts) & (df["distribution"] == distribution)]
+    rows = shape[(shape["moe_tp_size"] == moe_tp) & (shape["moe_ep_size"] == ep)]
+    if rows.empty:
+        have = sorted({(int(a), int(b)) for a, b in zip(shape["moe_tp_size"], shape["moe_ep_size"])})
+        raise DataError(f"{rel}: no {ks} {md} rows for {model.name} (hidden {model.hidden_size}, expert FFN "
+                        f"{m.expert_intermediate_size}, top-{m.top_k} of {m.num_experts}, {distribution}) at "
+                        f"moe_tp {moe_tp} x ep {ep}; (moe_tp, ep) present: "
+                        f"{', '.join(f'({a}, {b})' for a, b in have) or 'none'}")
+    med = rows.groupby("num_tokens")["latency"].median()
+    return med.index.to_numpy(np.int64), med.to_numpy(float)
 
 
 def data_checks(model: ModelArch, tokens: np.ndarray, ms: np.ndarray, gpu: GpuSpec, dtype_bytes: int,
@@ -268,6 +286,143 @@ def build_moe_profile(model: ModelArch, gpu: GpuSpec, tp: int, out: str | Path, 
         fsio.write_text(staged.path / "layer_nonattn.csv", "\n".join(lines) + "\n")
         fsio.write_text(staged.path / "attention.csv", attention_csv)
         fsio.write_text(staged.path / "comm.csv", comm_csv)
+        fsio.write_text(staged.path / "meta.toml", text)
+        check_staged(staged)
+        staged.commit()
+    return Profile.load(out)
+
+
+def a100_moe_table() -> tuple[pd.DataFrame, str]:
+    """(rows, path inside the package) of the A100's MoE table (`A100_MOE_TABLE`)."""
+    from sim.profiling.aic import package_root
+
+    system, engine, version, _, _ = A100_MOE_TABLE
+    rel = f"systems/data/{system}/moe/{engine}/{version}/moe_perf.parquet"
+    path = package_root() / rel
+    if not path.is_file():
+        raise DataError(f"{path}: AIConfigurator table missing ({PACKAGE} {package_version()})")
+    return pd.read_parquet(path), f"{MODULE}/{rel}"
+
+
+def frontier_curve(tp: int, path: Path = FRONTIER_CSV) -> tuple[np.ndarray, np.ndarray]:
+    """(tokens, ms) of Frontier's A100 Mixtral-8x7B MoE layer at TP `tp` (gating + shuffling + grouped GEMM)."""
+    if not path.is_file():
+        raise DataError(f"{path}: missing; python profiles/derive_frontier_moe.py FILE writes it")
+    df = pd.read_csv(path, comment="#")
+    rows = df[df["tp"] == tp].sort_values("num_tokens")
+    if rows.empty:
+        raise DataError(f"{path}: no rows at tp {tp}; present: {', '.join(map(str, sorted(df['tp'].unique())))}")
+    return rows["num_tokens"].to_numpy(np.int64), rows["moe_ms"].to_numpy(float)
+
+
+def build_moe_profile_a100(model: ModelArch, gpu: GpuSpec, tp: int, out: str | Path,
+                           distribution: str = "balanced", compact: bool = False):
+    """Write the BF16 profile of MoE `model` on an A100 at TP `tp` (experts sharded by TP) to `out`: the dense
+    parts from Vidur's A100 data, the experts from `A100_MOE_TABLE` or, for `FRONTIER_USED`, Frontier's table
+    (module docstring); return the loaded `Profile`."""
+    from sim.latency.hardware import load_interconnect
+    from sim.latency.profiled import Profile
+    from sim.profiling.build import build_profile
+    from sim.profiling.kernels import KernelModel
+    from sim.profiling.profile_io import check_staged
+
+    m = model.moe
+    if m is None:
+        raise DataError(f"--model {model.name}: not a mixture-of-experts model (no [moe])")
+    if m.dense_layers or m.num_shared_experts:
+        raise DataError(f"--model {model.name}: dense layers and shared experts are not in MoE profiles yet "
+                        f"(every layer must be an MoE layer of routed experts only)")
+    if gpu.name not in A100_GPUS:
+        raise DataError(f"--gpu {gpu.name!r}: the A100 MoE builder covers {', '.join(A100_GPUS)}")
+    model.check_tp(tp)
+    if m.expert_intermediate_size % tp:
+        raise DataError(f"--tp {tp}: does not divide the expert FFN ({m.expert_intermediate_size}) of {model.name}")
+    system, engine, version, ks, md = A100_MOE_TABLE
+    df, table_rel = a100_moe_table()
+    if (model.name, tp) in FRONTIER_USED and distribution == "balanced":
+        tokens_moe, ms_moe = frontier_curve(tp)
+        moe_src = FRONTIER_CSV.relative_to(PROFILES.parent).as_posix()
+        kernel = "frontier_moe_gating+shuffling+grouped_gemm"
+        why = ("Frontier's table, not AIConfigurator's, at this TP: the latter's rows are 2.7-2.8x the roofline "
+               "floor from 1024 tokens (profiles/crosscheck_moe_a100.md)")
+    else:
+        tokens_moe, ms_moe = table_curve(df, table_rel, ks, md, model, tp, 1, distribution)
+        moe_src, kernel = table_rel, ks
+        why = (f"AIConfigurator's {engine} {version} rows of the Triton fused MoE kernel (its vLLM 0.14 A100 "
+               f"table has power-law rows only; profiles/crosscheck_moe_a100.md)")
+    slower = None
+    if tp > 1:
+        try:
+            slower = table_curve(df, table_rel, ks, md, model, tp // 2, 1, distribution)
+        except DataError:
+            slower = None
+    proxy = dataclasses.replace(model, moe=None, intermediate_size=m.expert_intermediate_size)
+    ic = load_interconnect(gpu.default_interconnect)
+    with tempfile.TemporaryDirectory(prefix="pipesim-moe-") as tmp:
+        base = Path(tmp) / "dense"
+        build_profile(proxy, gpu, ic, tp, base, compact=False)
+        dense = pd.read_csv(base / "layer_nonattn.csv", index_col="num_tokens")
+        attention_csv = (base / "attention.csv").read_text()
+        meta = tomllib.loads((base / "meta.toml").read_text())
+    grid = dense.index.to_numpy(np.int64)
+    km = KernelModel.load(gpu.kernel_data)
+    if not np.array_equal(km.grid.astype(np.int64), grid):
+        raise DataError(f"profiles/kernels/{km.family}-gemm.csv: its token grid is not the built profile's")
+    layer = pd.DataFrame(index=dense.index)
+    layer["qkv_proj"], layer["o_proj"] = dense["qkv_proj"], dense["o_proj"]
+    layer["router"] = km.gemm_ms(m.num_experts, model.hidden_size)
+    layer["moe_experts"] = interp_loglog_curve(tokens_moe, ms_moe, grid)
+    for col in ("rope", "rmsnorm_x2", "residual_add"):
+        layer[col] = dense[col]
+    layer["linear_ms"] = layer[["qkv_proj", "o_proj", "router", "moe_experts"]].sum(axis=1)
+    layer["layer_nonattn_ms"] = layer[["linear_ms", "rope", "rmsnorm_x2", "residual_add"]].sum(axis=1)
+    checks = data_checks(model, tokens_moe, ms_moe, gpu, 2, gpu.peak_tflops("bf16"), tp, slower)
+    pm, mm, der, fe = meta["profile"], meta["model"], meta["derivation"], meta["fit_errors"]
+    pm["data_source"] = pm["data_source"] + f"; MoE experts from {kernel} ({distribution} routing)"
+    pm["moe_kernel"], pm["moe_dtype"], pm["moe_distribution"] = kernel, md, distribution
+    pm["sources"] = list(dict.fromkeys([moe_src, table_rel, *pm["sources"]]))
+    mm["intermediate_size"] = m.expert_intermediate_size
+    mm["layer_params"] = model.layer_params
+    meta["moe"] = {"num_experts": m.num_experts, "top_k": m.top_k,
+                   "expert_intermediate_size": m.expert_intermediate_size, "expert_params": model.expert_params,
+                   "router_params": model.hidden_size * m.num_experts, "moe_tp": tp, "ep": 1,
+                   "layout": "experts sharded by TP (moe_tp = tp, ep = 1): one all-reduce after the layer",
+                   "distribution": distribution, "router_dtype": m.router_dtype}
+    beyond = tokens_moe[tokens_moe > grid[-1]]
+    past = interp_loglog_curve(tokens_moe[tokens_moe <= grid[-1]], ms_moe[tokens_moe <= grid[-1]], beyond)
+    der["layer_nonattn"] = (
+        f"qkv_proj, o_proj, rope, rmsnorm_x2, residual_add: {der['layer_nonattn'].split('; act, rope')[0]} "
+        f"(the MLP GEMMs of that derivation are not used); router: the {km.family} GEMM model at "
+        f"{m.num_experts}x{model.hidden_size} ({'measured' if km.gemm_is_measured(m.num_experts, model.hidden_size) else 'predicted from neighbouring shapes'}); "
+        f"moe_experts: {moe_src} ({kernel}, {md}, hidden {model.hidden_size}, inter {m.expert_intermediate_size}, "
+        f"top-{m.top_k} of {m.num_experts}, moe_tp {tp}, ep 1, {distribution}; median per num_tokens over "
+        f"{len(tokens_moe)} token counts {int(tokens_moe[0])}..{int(tokens_moe[-1])}), linear in (log tokens, "
+        f"log ms) between them; {why}; the table's points past the grid vs the log-log line of the last "
+        f"segment: " + (", ".join(f"{int(t)}: {p / v - 1:+.1%}" for t, p, v in
+                                  zip(beyond, past, ms_moe[tokens_moe > grid[-1]])) or "none"))
+    der["moe_checks"] = (f"expert kernel / roofline floor (touched experts' weights / HBM, their FLOPs / dense "
+                         f"BF16 peak): {checks['roofline_ratio_min']:.2f}x..{checks['roofline_ratio_max']:.2f}x"
+                         + (f"; over {SLOW_BOUND:g}x: {', '.join(checks['slow_points'])}" if checks["slow_points"] else "")
+                         + ("" if slower is None else
+                            (f"; not faster than {ks} at moe_tp {tp // 2}: " + ", ".join(checks["tp_not_faster"])
+                             if checks["tp_not_faster"] else f"; faster than {ks} at moe_tp {tp // 2} at every "
+                             f"token count")))
+    fe["gemm_measured_ops"] = [op for op in fe["gemm_measured_ops"] if op in ("qkv_proj", "o_proj")]
+    fe["gemm_predicted_ops"] = [op for op in fe["gemm_predicted_ops"] if op in ("qkv_proj", "o_proj")]
+    fe["moe_roofline_ratio_min"] = checks["roofline_ratio_min"]
+    if compact:
+        der["columns"] = "per-op columns omitted to keep the shipped library small; profiles/build_moe.py writes them"
+    fits = meta.pop("fit", [])
+    text = "# Generated by profiles/build_moe.py (sim/profiling/moe.py); do not edit by hand.\n" + tomlio.dumps(meta)
+    for rec in fits:
+        text += "\n[[fit]]\n" + tomlio.dumps(rec)
+    cols = COMPACT_COLS if compact else LAYER_COLS
+    lines = [",".join(["num_tokens"] + cols)]
+    lines += [",".join([str(int(n))] + [_fmt(row[c]) for c in cols]) for n, row in layer.iterrows()]
+    out = Path(out)
+    with fsio.StagedFolder(out) as staged:
+        fsio.write_text(staged.path / "layer_nonattn.csv", "\n".join(lines) + "\n")
+        fsio.write_text(staged.path / "attention.csv", attention_csv)
         fsio.write_text(staged.path / "meta.toml", text)
         check_staged(staged)
         staged.commit()
