@@ -103,8 +103,11 @@ TOGGLES = {
 
 
 def load_cases(path: Path = CASES_FILE) -> list[dict]:
-    with open(path, "rb") as fh:
-        cases = tomllib.load(fh)["case"]
+    """The cases of `path` and, for the suite's own table, of its companion files `cases_*.toml` after it."""
+    cases = []
+    for p in [path] + (sorted(HERE.glob("cases_*.toml")) if path == CASES_FILE else []):
+        with open(p, "rb") as fh:
+            cases += tomllib.load(fh)["case"]
     seen = set()
     for c in cases:
         if c["id"] in seen:
@@ -541,7 +544,7 @@ def _group_stats(rows: list[dict], key) -> list[tuple[str, int, float, float, fl
 
 def sim_gpu(case: dict) -> str:
     parts = Path(case["sim"]["profile"]).parts
-    name = parts[2] if parts[:2] == ("profiles", "aic") else parts[-3]
+    name = parts[2] if parts[:2] in (("profiles", "aic"), ("profiles", "moe")) else parts[-3]
     return PROFILE_GPUS.get(name, name)
 
 
