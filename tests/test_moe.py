@@ -271,3 +271,20 @@ def test_a100_moe_builder_refuses_other_gpus_and_dense_models(tmp_path):
     with pytest.raises(DataError, match="not a mixture-of-experts"):
         build_moe_profile_a100(load_model("mistral-7b"), load_gpu("a100-sxm-80gb"), 2, tmp_path / "p")
     assert not (tmp_path / "p").exists()
+
+
+def test_moe_validation_case_is_loaded_and_named_by_its_gpu():
+    """M1 lives in experiments/validation/cases_moe.toml; the runner reads it after cases.toml and names the GPU
+    of a profiles/moe/<gpu>/... profile (it took the path's third-last part, 'vllm', before)."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "experiments" / "validation" / "run.py"
+    spec = importlib.util.spec_from_file_location("validation_run_moe", path)
+    run = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(run)
+    cases = run.case_by_id(run.load_cases())
+    assert "M1" in cases and "B1" in cases
+    assert run.sim_gpu(cases["M1"]) == "A100-80GB SXM"
+    assert run.sim_gpu(cases["B1"]) == "A100-80GB SXM"
+    assert [c["id"] for c in run.load_cases(run.CASES_FILE)][-1] == "M1"
