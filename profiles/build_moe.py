@@ -9,7 +9,8 @@ Usage (from the repository root; needs the optional extra: pip install -e '.[aic
 What it builds (sim/profiling/moe.py; format profiles/FORMAT.md, `[moe]`): for each GPU of `GPUS`, each MoE
 model of profiles/models/ (a `[moe]` table), each weight dtype of `DTYPES` and each TP degree in {1, 2, 4, 8}
 that divides the heads and the expert FFN and holds the weights on at most 8 GPUs, one profile with experts
-sharded by TP and balanced routing in profiles/moe/<gpu>/vllm/<model>-<weights>-kv<kv>/tp<T>/, plus
+sharded by TP and balanced routing in profiles/moe/<gpu>/vllm/<model>-<weights>-kv<kv>/tp<T>/ (and one at
+AIConfigurator's skewed routing in <model>-<weights>-kv<kv>-power_law_1.2/tp<T>/, `ROUTINGS`), plus
 profiles/moe/index.csv: one row per profile with its expert kernel and its roofline ratio.
 
 The A100 (`A100_GPUS`, BF16) is built by `build_moe_profile_a100`: Vidur's A100 data for the dense parts, the
@@ -45,6 +46,11 @@ GPUS = ("h100-sxm-80gb", "h200-sxm")
 DTYPES = (("bf16", "bf16"),)
 ENGINE = "vllm"
 INPUTS = ("README.md", "sources")       # files of profiles/moe/ that the build reads or documents, not writes
+# Routings shipped (sim/latency/moe_routing.py): balanced, and the skewed power law AIConfigurator prices Mixtral-
+# and Qwen3-style MoE models at by default (alpha 1.2, aiconfigurator_core sdk/models/moe.py `_power_law_alpha`),
+# in sibling folders <model>-<weights>-kv<kv>-power_law_1.2/; a run picks one by its profile path. Not for the
+# A100 (model, TP) pairs whose balanced curve is Frontier's (it has no skewed rows).
+ROUTINGS = ("balanced", "power_law_1.2")
 
 
 def jobs():
@@ -58,7 +64,8 @@ def jobs():
                 sized = dataclasses.replace(model, dtype_bytes=1 if w == "fp8" else 2)
                 for tp in allowed_tps(model, TPS):
                     if not model.moe.expert_intermediate_size % tp and fits_somewhere(sized, gpu, tp):
-                        yield gpu, model, w, kv, tp
+                        for dist in ROUTINGS:
+                            yield gpu, model, w, kv, tp, dist
     rows, _ = a100_moe_table()
     _, _, _, ks, md = A100_MOE_TABLE
     for g in A100_GPUS:
@@ -68,28 +75,31 @@ def jobs():
             if model.moe is None:
                 continue
             mo = model.moe
-            have = set(rows[(rows.kernel_source == ks) & (rows.moe_dtype == md) & (rows.hidden_size == model.hidden_size)
-                            & (rows.inter_size == mo.expert_intermediate_size) & (rows.topk == mo.top_k)
-                            & (rows.num_experts == mo.num_experts) & (rows.moe_ep_size == 1)
-                            & (rows.distribution == "balanced")].moe_tp_size.astype(int))
+            shape = rows[(rows.kernel_source == ks) & (rows.moe_dtype == md) & (rows.hidden_size == model.hidden_size)
+                         & (rows.inter_size == mo.expert_intermediate_size) & (rows.topk == mo.top_k)
+                         & (rows.num_experts == mo.num_experts) & (rows.moe_ep_size == 1)]
             for tp in allowed_tps(model, TPS):
-                if (not mo.expert_intermediate_size % tp and fits_somewhere(model, gpu, tp)
-                        and (tp in have or (model.name, tp) in FRONTIER_USED)):
-                    yield gpu, model, "bf16", "bf16", tp
+                if mo.expert_intermediate_size % tp or not fits_somewhere(model, gpu, tp):
+                    continue
+                for dist in ROUTINGS:
+                    frontier = (model.name, tp) in FRONTIER_USED
+                    if (dist == "balanced" and frontier) or (
+                            not frontier and tp in set(shape[shape.distribution == dist].moe_tp_size.astype(int))):
+                        yield gpu, model, "bf16", "bf16", tp, dist
 
 
 def build(root: Path) -> list[Path]:
     from tqdm import tqdm
 
     written, rows, data = [], [], {}
-    for gpu, model, w, kv, tp in tqdm(list(jobs()), desc="build_moe", unit="profile"):
-        out = moe_dir(root, gpu, ENGINE, model.name, w, kv, tp)
+    for gpu, model, w, kv, tp, dist in tqdm(list(jobs()), desc="build_moe", unit="profile"):
+        out = moe_dir(root, gpu, ENGINE, model.name, w, kv, tp, dist)
         if gpu.name in A100_GPUS:
-            prof = build_moe_profile_a100(model, gpu, tp, out, compact=True)
+            prof = build_moe_profile_a100(model, gpu, tp, out, distribution=dist, compact=True)
         else:
             aic = data.setdefault(gpu.name, AicData(SYSTEMS[gpu.name], ENGINE))
-            prof = build_moe_profile(model, gpu, tp, out, engine=ENGINE, weight_dtype=w, kv_dtype=kv, compact=True,
-                                     aic=aic)
+            prof = build_moe_profile(model, gpu, tp, out, engine=ENGINE, weight_dtype=w, kv_dtype=kv,
+                                     distribution=dist, compact=True, aic=aic)
         p, fe = prof.meta["profile"], prof.meta["fit_errors"]
         rows.append(",".join([gpu.name, model.name, w, kv, str(tp), str(out.relative_to(root)), p["moe_kernel"],
                               p["moe_distribution"], f"{fe['moe_roofline_ratio_min']:.3f}"]))

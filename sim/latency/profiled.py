@@ -100,6 +100,7 @@ class ModelShape:
     moe_num_experts: int = 0        # [moe]: routed experts per MoE layer (0: a dense model)
     moe_top_k: int = 0              # [moe]: experts each token is routed to
     moe_expert_params: float = 0.0  # [moe]: parameters of one routed expert (layer_params counts all of them)
+    moe_distribution: str = "balanced"  # [moe]: the routing the expert table was measured at (moe_routing.py)
 
     @property
     def kv_bytes(self) -> int:
@@ -460,7 +461,18 @@ class Profile:
             moe_num_experts=int(moe.get("num_experts", 0)) if moe else 0,
             moe_top_k=int(moe.get("top_k", 0)) if moe else 0,
             moe_expert_params=float(moe.get("expert_params", 0.0)) if moe else 0.0,
+            moe_distribution=_moe_distribution(moe, where),
         )
+
+
+def _moe_distribution(moe: dict | None, where: str) -> str:
+    """[moe] distribution: one of the measured tables' routings (balanced when absent)."""
+    from sim.latency.moe_routing import DISTRIBUTIONS
+
+    dist = str(moe.get("distribution", "balanced")) if moe else "balanced"
+    if dist not in DISTRIBUTIONS:
+        raise DataError(f"{where}: [moe] distribution = {dist!r}; allowed: {', '.join(DISTRIBUTIONS)}")
+    return dist
 
 
 def load_comm_table(path: Path) -> pd.DataFrame:

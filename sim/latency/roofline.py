@@ -23,7 +23,9 @@ multiplication and one comparison each.
 `expected_experts(E, k, T)`: the expected number of distinct experts T tokens touch when each picks k of E
 experts uniformly without replacement: one expert is missed by one token with probability 1 - k/E, by all T
 independently with (1 - k/E)^T, so E (1 - (1 - k/E)^T). Real routers are not uniform (skewed routing touches
-fewer experts), so the floor stays a floor only if skew is ignored: it is the uniform expectation, stated.
+fewer experts): a profile whose expert table was measured at a skewed routing (`[moe] distribution`, a power
+law) counts the experts that routing touches instead (`sim.latency.moe_routing.touched_experts`); a balanced
+one keeps the uniform expectation, stated.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ import math
 from dataclasses import dataclass
 
 from sim.core.errors import DataError
+from sim.latency.moe_routing import touched_experts
 
 FIELDS = ("bf16_tflops", "hbm_bw_gbps")
 
@@ -94,8 +97,10 @@ class Floors:
 
     def __init__(self, bounds: Bounds, layer_params: float, hidden: int, q_heads: int, kv_heads: int,
                  head_dim: int, vocab: int, dtype_bytes: int, tp: int, kv_dtype_bytes: int = 0,
-                 act_dtype_bytes: int = 0, moe: tuple[int, int, float] | None = None) -> None:
+                 act_dtype_bytes: int = 0, moe: tuple[int, int, float] | None = None,
+                 moe_distribution: str = "balanced") -> None:
         # moe: (routed experts E, top-k, parameters of one expert) of an MoE layer; None: dense
+        self.moe_distribution = moe_distribution
         kv_bytes = kv_dtype_bytes or dtype_bytes
         act_bytes = act_dtype_bytes or dtype_bytes
         self.bounds = bounds
@@ -127,7 +132,8 @@ class Floors:
         moe = (e, shape.moe_top_k, shape.moe_expert_params) if e else None
         return cls(bounds, shape.layer_params, shape.hidden_size, shape.num_q_heads, shape.num_kv_heads,
                    shape.head_dim, shape.vocab_size, shape.dtype_bytes, tp,
-                   getattr(shape, "kv_dtype_bytes", 0), getattr(shape, "act_dtype_bytes", 0), moe)
+                   getattr(shape, "kv_dtype_bytes", 0), getattr(shape, "act_dtype_bytes", 0), moe,
+                   getattr(shape, "moe_distribution", "balanced"))
 
     def weight_bytes(self, tokens: float) -> float:
         """Weight bytes one GPU reads in one layer's pass over `tokens` tokens: all of them (dense), or the
@@ -135,7 +141,9 @@ class Floors:
         if self.moe is None:
             return self.linear_bytes
         e, k, _ = self.moe
-        return self.fixed_bytes + expected_experts(e, k, tokens) * self.expert_bytes
+        if self.moe_distribution == "balanced":
+            return self.fixed_bytes + expected_experts(e, k, tokens) * self.expert_bytes
+        return self.fixed_bytes + touched_experts(e, k, tokens, self.moe_distribution) * self.expert_bytes
 
     # -- per part, seconds --
     def linear_s(self, tokens: float) -> float:

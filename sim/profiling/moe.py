@@ -22,8 +22,8 @@ layer's all-reduce (`sdk/models/blocks/moe.py` `build_moe_block_ops`). This modu
   `--ep-size`): moe_tp = tp, ep = 1, one all-reduce after the MoE layer as after a dense MLP. The memory
   model holds every expert, each split over TP (`ModelArch.layer_params_per_gpu`).
 - **Checks** (`data_checks`): each curve point against the roofline floor that reads only the experts the
-  tokens touch (`sim.latency.roofline.expected_experts`), and whether the curve gets faster with TP (the
-  table's rows at moe_tp / 2), both written into the profile's [derivation].
+  tokens touch under the table's routing (`sim.latency.moe_routing.touched_experts`), and whether the curve
+  gets faster with TP (the table's rows at moe_tp / 2), both written into the profile's [derivation].
 
 **The A100** (`build_moe_profile_a100`): AIConfigurator's A100 system is not wired for dense parts
 (`sim.profiling.aic.SYSTEMS`), so the rest of the layer is Vidur's A100 data (`sim.profiling.build`, as every
@@ -52,7 +52,7 @@ pd = lazy("pandas")
 
 from sim.core import fsio, tomlio
 from sim.core.errors import DataError
-from sim.latency.roofline import expected_experts
+from sim.latency.moe_routing import DISTRIBUTIONS, touched_experts
 from sim.profiling.aic import (COMPACT_COLS, GRID_MAX_TOKENS, MODULE, PACKAGE, SYSTEMS, AicData, build_aic_profile,
                                fp8_slower_points, package_version, profile_name)
 from sim.profiling.kernels import gemm_shapes
@@ -64,7 +64,6 @@ MOE_DIR = PROFILES / "moe"               # the shipped MoE library (profiles/bui
 MOE_KERNELS = {"vllm": {"bf16": ("bfloat16", "vllm_unquantizedfusedmoe_triton_tritonexperts"),
                         "fp8": ("fp8", "vllm_modeloptfp8moe_flashinfer_cutlass_flashinferexperts")},
                "sglang": {"bf16": ("bfloat16", "sglang_fused_moe_triton")}}
-DISTRIBUTIONS = ("balanced", "power_law_1.01", "power_law_1.2")
 # the A100's MoE table (see the module docstring): (AIC system, engine, version, kernel_source, moe_dtype)
 A100_MOE_TABLE = ("a100_sxm", "sglang", "0.5.10", "sglang_fused_moe_triton", "bfloat16")
 A100_GPUS = ("a100-sxm-80gb",)
@@ -134,18 +133,41 @@ def table_curve(df: pd.DataFrame, rel: str, ks: str, md: str, model: ModelArch, 
     return med.index.to_numpy(np.int64), med.to_numpy(float)
 
 
-def data_checks(model: ModelArch, tokens: np.ndarray, ms: np.ndarray, gpu: GpuSpec, dtype_bytes: int,
-                peak_tflops: float, moe_tp: int, slower: tuple[np.ndarray, np.ndarray] | None) -> dict:
-    """Each measured point against its roofline floor (the touched experts' weights over HBM bandwidth, their
-    FLOPs over the dtype's peak), and against the same tokens at moe_tp / 2 (`slower`)."""
+def expert_floor_ms(model: ModelArch, tokens: np.ndarray, gpu: GpuSpec, dtype_bytes: int, peak_tflops: float,
+                    moe_tp: int, distribution: str = "balanced") -> np.ndarray:
+    """The routed experts' roofline floor per token count (ms): max(the weights of the experts the tokens touch
+    under `distribution` / HBM bandwidth, 2 x tokens x top-k x expert parameters / peak), one TP shard."""
     m = model.moe
-    floor = []
+    out = []
     for t in tokens:
-        touched = expected_experts(m.num_experts, m.top_k, float(t))
+        touched = touched_experts(m.num_experts, m.top_k, float(t), distribution)
         mem = touched * model.expert_params / moe_tp * dtype_bytes / (gpu.hbm_bw_gbps * 1e9)
-        comp = 2.0 * t * m.top_k * model.expert_params / moe_tp / (peak_tflops * 1e12)
-        floor.append(max(mem, comp) * 1e3)
-    ratio = ms / np.array(floor)
+        comp = 2.0 * float(t) * m.top_k * model.expert_params / moe_tp / (peak_tflops * 1e12)
+        out.append(max(mem, comp) * 1e3)
+    return np.array(out)
+
+
+def expert_curve_on_grid(model: ModelArch, tokens_moe: np.ndarray, ms_moe: np.ndarray, grid: np.ndarray,
+                         gpu: GpuSpec, dtype_bytes: int, peak_tflops: float, moe_tp: int,
+                         distribution: str) -> tuple[np.ndarray, str]:
+    """The expert curve on the profile's token grid: linear in (log tokens, log ms) between the measured token
+    counts, and never below its roofline floor (an interpolated point can fall below it where the routing's
+    touched experts jump between two measured counts, as AIConfigurator's power law does when the T k slots
+    first outnumber the experts); (ms, the lifted points as text, '' when none)."""
+    interp = interp_loglog_curve(tokens_moe, ms_moe, grid)
+    floor = expert_floor_ms(model, grid, gpu, dtype_bytes, peak_tflops, moe_tp, distribution)
+    lifted = ", ".join(f"{int(t)}: {f / i - 1:+.1%}" for t, i, f in zip(grid, interp, floor) if f > i)
+    return np.maximum(interp, floor), lifted
+
+
+def data_checks(model: ModelArch, tokens: np.ndarray, ms: np.ndarray, gpu: GpuSpec, dtype_bytes: int,
+                peak_tflops: float, moe_tp: int, slower: tuple[np.ndarray, np.ndarray] | None,
+                distribution: str = "balanced") -> dict:
+    """Each measured point against its roofline floor (the weights of the experts the tokens touch under the
+    table's routing `distribution` over HBM bandwidth, their FLOPs over the dtype's peak), and against the same
+    tokens at moe_tp / 2 (`slower`)."""
+    floor = expert_floor_ms(model, tokens, gpu, dtype_bytes, peak_tflops, moe_tp, distribution)
+    ratio = ms / floor
     out = {"roofline_ratio_min": float(ratio.min()), "roofline_ratio_max": float(ratio.max()),
            "slow_points": [f"{int(t)}: {r:.1f}x" for t, r in zip(tokens, ratio) if r > SLOW_BOUND]}
     if slower is not None:
@@ -216,16 +238,17 @@ def build_moe_profile(model: ModelArch, gpu: GpuSpec, tp: int, out: str | Path, 
     layer = pd.DataFrame(index=dense.index)
     layer["qkv_proj"], layer["o_proj"] = dense["qkv_proj"], dense["o_proj"]
     layer["router"] = router.to_numpy(float)
-    layer["moe_experts"] = interp_loglog_curve(tokens_moe, ms_moe, grid)
+    dtype_bytes = 1 if weight_dtype == "fp8" else 2
+    peak = gpu.peak_tflops(weight_dtype)
+    layer["moe_experts"], lifted = expert_curve_on_grid(model, tokens_moe, ms_moe, grid, gpu, dtype_bytes, peak, tp,
+                                                        distribution)
     for col in ("rope", "rmsnorm_x2", "residual_add"):
         layer[col] = dense[col]
     layer["linear_ms"] = layer[["qkv_proj", "o_proj", "router", "moe_experts"]].sum(axis=1)
     layer["layer_nonattn_ms"] = layer[["linear_ms", "rope", "rmsnorm_x2", "residual_add"]].sum(axis=1)
     if layer.isna().any().any():
         raise DataError(f"{aic.rel('gemm', 'gemm_perf.parquet')}: router GEMM rows missing on the token grid")
-    dtype_bytes = 1 if weight_dtype == "fp8" else 2
-    peak = gpu.peak_tflops(weight_dtype)
-    checks = data_checks(model, tokens_moe, ms_moe, gpu, dtype_bytes, peak, tp, slower)
+    checks = data_checks(model, tokens_moe, ms_moe, gpu, dtype_bytes, peak, tp, slower, distribution)
     md, ks = MOE_KERNELS[engine][weight_dtype]
     moe_path = table.rel
     version = package_version()
@@ -256,7 +279,8 @@ def build_moe_profile(model: ModelArch, gpu: GpuSpec, tp: int, out: str | Path, 
         f"{int(tokens_moe[0])}..{int(tokens_moe[-1])}), linear in (log tokens, log ms) between them; the table's "
         f"points past the grid vs the log-log line of the last segment: "
         + (", ".join(f"{int(t)}: {p / v - 1:+.1%}" for t, p, v in
-                     zip(beyond, past, ms_moe[tokens_moe > grid[-1]])) or "none"))
+                     zip(beyond, past, ms_moe[tokens_moe > grid[-1]])) or "none")
+        + (f"; interpolated points below their roofline floor, lifted to it: {lifted}" if lifted else ""))
     der["moe_checks"] = (f"expert kernel / roofline floor (touched experts' weights / HBM, their FLOPs / dense "
                          f"{weight_dtype.upper()} peak): {checks['roofline_ratio_min']:.2f}x..{checks['roofline_ratio_max']:.2f}x"
                          + (f"; over {SLOW_BOUND:g}x: {', '.join(checks['slow_points'])}" if checks["slow_points"] else "")
@@ -368,15 +392,18 @@ def build_moe_profile_a100(model: ModelArch, gpu: GpuSpec, tp: int, out: str | P
     km = KernelModel.load(gpu.kernel_data)
     if not np.array_equal(km.grid.astype(np.int64), grid):
         raise DataError(f"profiles/kernels/{km.family}-gemm.csv: its token grid is not the built profile's")
+    router_how = ("measured" if km.gemm_is_measured(m.num_experts, model.hidden_size)
+                  else "predicted from neighbouring shapes")
     layer = pd.DataFrame(index=dense.index)
     layer["qkv_proj"], layer["o_proj"] = dense["qkv_proj"], dense["o_proj"]
     layer["router"] = km.gemm_ms(m.num_experts, model.hidden_size)
-    layer["moe_experts"] = interp_loglog_curve(tokens_moe, ms_moe, grid)
+    layer["moe_experts"], lifted = expert_curve_on_grid(model, tokens_moe, ms_moe, grid, gpu, 2,
+                                                        gpu.peak_tflops("bf16"), tp, distribution)
     for col in ("rope", "rmsnorm_x2", "residual_add"):
         layer[col] = dense[col]
     layer["linear_ms"] = layer[["qkv_proj", "o_proj", "router", "moe_experts"]].sum(axis=1)
     layer["layer_nonattn_ms"] = layer[["linear_ms", "rope", "rmsnorm_x2", "residual_add"]].sum(axis=1)
-    checks = data_checks(model, tokens_moe, ms_moe, gpu, 2, gpu.peak_tflops("bf16"), tp, slower)
+    checks = data_checks(model, tokens_moe, ms_moe, gpu, 2, gpu.peak_tflops("bf16"), tp, slower, distribution)
     pm, mm, der, fe = meta["profile"], meta["model"], meta["derivation"], meta["fit_errors"]
     pm["data_source"] = pm["data_source"] + f"; MoE experts from {kernel} ({distribution} routing)"
     pm["moe_kernel"], pm["moe_dtype"], pm["moe_distribution"] = kernel, md, distribution
@@ -393,13 +420,14 @@ def build_moe_profile_a100(model: ModelArch, gpu: GpuSpec, tp: int, out: str | P
     der["layer_nonattn"] = (
         f"qkv_proj, o_proj, rope, rmsnorm_x2, residual_add: {der['layer_nonattn'].split('; act, rope')[0]} "
         f"(the MLP GEMMs of that derivation are not used); router: the {km.family} GEMM model at "
-        f"{m.num_experts}x{model.hidden_size} ({'measured' if km.gemm_is_measured(m.num_experts, model.hidden_size) else 'predicted from neighbouring shapes'}); "
+        f"{m.num_experts}x{model.hidden_size} ({router_how}); "
         f"moe_experts: {moe_src} ({kernel}, {md}, hidden {model.hidden_size}, inter {m.expert_intermediate_size}, "
         f"top-{m.top_k} of {m.num_experts}, moe_tp {tp}, ep 1, {distribution}; median per num_tokens over "
         f"{len(tokens_moe)} token counts {int(tokens_moe[0])}..{int(tokens_moe[-1])}), linear in (log tokens, "
         f"log ms) between them; {why}; the table's points past the grid vs the log-log line of the last "
         f"segment: " + (", ".join(f"{int(t)}: {p / v - 1:+.1%}" for t, p, v in
-                                  zip(beyond, past, ms_moe[tokens_moe > grid[-1]])) or "none"))
+                                  zip(beyond, past, ms_moe[tokens_moe > grid[-1]])) or "none")
+        + (f"; interpolated points below their roofline floor, lifted to it: {lifted}" if lifted else ""))
     der["moe_checks"] = (f"expert kernel / roofline floor (touched experts' weights / HBM, their FLOPs / dense "
                          f"BF16 peak): {checks['roofline_ratio_min']:.2f}x..{checks['roofline_ratio_max']:.2f}x"
                          + (f"; over {SLOW_BOUND:g}x: {', '.join(checks['slow_points'])}" if checks["slow_points"] else "")
