@@ -102,3 +102,22 @@ def test_interpolated_expert_points_never_below_their_floor_by_hand():
     ms, lifted = expert_curve_on_grid(model, np.array([4, 8]), np.array([1e-3, 2e-3]), grid, gpu, 2, 989.0, 1,
                                       "balanced")
     assert ms[1] == pytest.approx(floor5) and lifted.startswith("4: ") and "5: " in lifted
+
+
+@pytest.mark.parametrize("folder", ["mixtral-8x7b-bf16-kvbf16", "mixtral-8x7b-bf16-kvbf16-power_law_1.2"])
+def test_a100_moe_profiles_run_under_the_engine(folder):
+    """The A100 MoE profiles (balanced and skewed) load with their routing and run a small workload to the end."""
+    from sim.core.config import config_from_table
+    from sim.engine.run import run
+    from sim.latency.profiled import Profile
+    from sim.outputs.metrics import request_columns
+
+    path = f"profiles/moe/a100-sxm-80gb/vllm/{folder}/tp2"
+    table = {"seed": 1, "parallel": {"tp": 2}, "scheduler": {"engine": "vllm-v0"}, "latency": {"profile": path},
+             "workload": {"kind": "synthetic-uniform", "num_requests": 6, "rate_rps": 50.0,
+                          "input_range": [100, 300], "output_range": [5, 20]}}
+    res = run(config_from_table(table, "test"), keep_iterations=False)
+    c = request_columns(res)
+    assert res.status == "ok" and len(c["status"]) == 6
+    prof = Profile.load(path)
+    assert prof.shape().moe_distribution == ("balanced" if folder.endswith("kvbf16") else "power_law_1.2")
