@@ -22,6 +22,8 @@ EPILOG = """examples:
   ppsim plan --model llama-3.1-70b --gpu h100-sxm-80gb --max-gpus 16 --rate 8 --slo ttft:p90:1000 --slo tpot:p90:50
       # the fewest GPUs for 8 req/s: GPU counts up to 16 on 8-GPU nodes over InfiniBand NDR, co-located or
       # disaggregated (prefill:decode), TP x PP per pool, chunk policy (sim/studies/cluster_plan.py)
+  ppsim plan --model qwen2.5-14b --gpus 2 --workload sharegpt --concurrency 16 --slo ttft:p90:1000 --slo tpot:p90:100
+      # the deployment that holds 16 concurrent users (a closed loop, as vllm bench serve --max-concurrency 16)
 """
 
 
@@ -29,7 +31,7 @@ EPILOG = """examples:
 def _rule_text(meta: dict) -> str:
     from sim.studies.plan import COST_NOTE
 
-    return f"ranking: {meta['rule']}.\n{COST_NOTE}; in {meta.get('cost_unit', 'GPU-hours')}."
+    return f"ranking: {meta['rule']}.\n{meta.get('cost_note', COST_NOTE)}; in {meta.get('cost_unit', 'GPU-hours')}."
 
 
 def _plan_text(df, meta: dict, cols: list[str]) -> str:
@@ -104,7 +106,7 @@ def add_commands(sub) -> None:
                    help=f"number of GPUs (default 4; at most {MAX_GPUS_EXHAUSTIVE}: every split is simulated; "
                         f"--max-gpus searches larger clusters)")
     p.add_argument("--max-gpus", type=int_in(1, 4096), default=None, metavar="N",
-                   help="with --rate: the fewest GPUs up to N that meet the SLOs, over nodes, co-located and "
+                   help="with --rate (or --concurrency): the fewest GPUs up to N that meet the SLOs, over nodes, co-located and "
                         "disaggregated deployments (--gpu defaults to h100-sxm-80gb)")
     p.add_argument("--gpus-per-node", type=int_in(1, 64), default=8,
                    help="GPUs per node (default 8): --max-gpus places every candidate on such nodes; --gpus N "
@@ -137,6 +139,10 @@ def add_commands(sub) -> None:
                         "(not what the plan chooses: parallel.*, scheduler.engine, the chunk settings, the profile)")
     p.add_argument("--rate", type=float_in(0, 1e6, lo_open=True), default=None,
                    help="the load in req/s: simulate every candidate at it (default: rank by goodput)")
+    p.add_argument("--concurrency", type=int_in(1, 10**6), default=None, metavar="N",
+                   help="the load in users: N closed-loop clients, each sending its next request when its previous "
+                        "one finishes (as vllm bench serve --max-concurrency N); simulate every candidate at N "
+                        "and rank as at a rate; not with --rate or --trace")
     p.add_argument("--slo", action="append", default=[], metavar="METRIC:pQ:MS",
                    help="an SLO at any percentile, e.g. ttft:p99:2000 (ttft, tpot, e2e); default P90 TTFT 2000, "
                         "P90 TPOT 200")
@@ -170,6 +176,9 @@ def add_commands(sub) -> None:
 def cmd_plan(args) -> int:
     from sim.outputs.context import describe_workload, format_header
 
+    from sim.studies.concurrency_plan import check_flags
+
+    check_flags(args)  # --concurrency with --rate or --trace: one line, before the output folder is claimed
     # refused before the candidates are simulated, not after
     out = fsio.claim(args.out, "plan")
     if args.json:
@@ -201,6 +210,8 @@ def cmd_plan(args) -> int:
     load = f"{args.rate:g} {unit} (Poisson)" if getattr(args, "rate", None) else f"goodput search (Poisson), {rate} in the workload file"
     if getattr(args, "trace", None):
         load = f"the trace's own timestamps ({args.trace})"
+    if getattr(args, "concurrency", None) is not None:
+        load = f"{args.concurrency} concurrent clients (closed loop; the achieved req/s is each candidate's)"
     gpus_text = (f"up to {args.max_gpus} ({args.gpu or 'h100-sxm-80gb'}, {args.gpus_per_node} per node, "
                  f"{args.network} between nodes); co-located and disaggregated, TP x PP per pool"
                  if args.max_gpus else f"{args.gpus or 4} ({args.gpu or args.interconnect or 'pcie'}); every TP x PP x replicas split"
@@ -221,15 +232,19 @@ def cmd_plan(args) -> int:
     fsio.write_text(out / "plan.json", text)
     if args.json:
         fsio.write_text(args.json, text)
-    plot_plan(df, mode, meta["slo"], out / "plan.png", out_tokens=meta.get("output_tokens_per_request"),
-              rate=meta.get("rate_rps"), rule=meta.get("rule"))
+    plot_plan(df, "rate" if mode == "concurrency" else mode, meta["slo"], out / "plan.png",
+              out_tokens=meta.get("output_tokens_per_request"), rate=meta.get("rate_rps"), rule=meta.get("rule"))
     if args.max_gpus:
         return _print_cluster(df, meta, args, out, slo)
     print(meta["load"] + f"; {meta['seeds']} paired seed(s); {meta['slo']}")
     for line in meta["interconnect_notes"]:
         print(line)
     nodes = ["nodes"] if "nodes" in df and (df["nodes"].fillna(1) > 1).any() else []
-    if mode == "rate":
+    if mode == "concurrency":  # ranked as at a rate; each candidate's own req/s at N clients
+        cols = ["rank", "deployment", *nodes, "concurrency", "achieved_rps", *slo.keys(), "p99_e2e_ms",
+                "slo_attainment", "kv_headroom", "margin", "cost_per_hour", "cost_per_million_at_rate", "meets_slo",
+                "tied_with_best"]
+    elif mode == "rate":
         cols = ["rank", "deployment", *nodes, *slo.keys(), "p99_e2e_ms", "slo_attainment", "kv_headroom", "margin",
                 "cost_per_hour", "cost_per_million_at_rate", "goodput_rps", "cost_per_million_at_goodput", "meets_slo",
                 "tied_with_best"]
@@ -270,7 +285,8 @@ def _print_cluster(df, meta, args, out, slo) -> int:
     """The --max-gpus plan on the console: ranked candidates, what was pruned and why, the verdict."""
     print(meta["load"] + f"; {meta['seeds']} paired seed(s); {meta['slo']}")
     print(_rule_text(meta))
-    cols = ["rank", "deployment", "mode", "gpus", "nodes", *slo.keys(), "margin", "margin_ci_lo", "margin_ci_hi",
+    cols = ["rank", "deployment", "mode", "gpus", "nodes", "concurrency", "achieved_rps", *slo.keys(), "margin",
+            "margin_ci_lo", "margin_ci_hi",
             "cost_per_hour", "cost_per_million_at_rate", "goodput_rps", "cost_per_million_at_goodput",
             "mean_kv_transfer_ms", "tied_with_best"]
     shown = df[df["status"] == "ok"]

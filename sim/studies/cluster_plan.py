@@ -1,6 +1,9 @@
 """`ppsim plan --rate R --max-gpus N`: the fewest GPUs (then the lowest cost) that serve R req/s within the
 SLOs, over GPU counts up to N on nodes of `--gpus-per-node` GPUs joined by `--network`, co-located or
-disaggregated (prefill:decode ratios), TP x PP per pool and chunk policy (issue 34).
+disaggregated (prefill:decode ratios), TP x PP per pool and chunk policy (issue 34). With `--concurrency N`
+instead of a rate, the load is N closed-loop clients (sim/studies/concurrency_plan.py): a screen runs one
+instance at its share, ceil(N / k) clients, the throughput bound gives no lower count (a closed loop's rate is
+what it achieves), and costs are at each candidate's achieved rate; no goodput is searched.
 
 Candidates
 - Instance shapes: TP over `--tp` (default 1, 2, 4, 8, ... up to the node's GPUs: a TP group inside one node;
@@ -255,7 +258,10 @@ class ClusterPlan:
         self.args, self.runner, self.load, self.slo, self.seeds = args, runner, load, slo, seeds
         self.price = price
         self.fam = fam
-        self.rate = float(load.rate_rps)
+        # the load: R req/s, or with `--concurrency N` N closed-loop clients, whose share an instance's screen
+        # runs at (`workload`: ceil(N / k) clients; sim/studies/concurrency_plan.py)
+        self.clients = getattr(load, "clients", None)
+        self.rate = float(self.clients if self.clients is not None else load.rate_rps)
         self.N = args.max_gpus
         self.gpn = args.gpus_per_node
         self.network = args.network
@@ -298,8 +304,19 @@ class ClusterPlan:
 
     def workload(self, rate: float) -> dict:
         wl = copy.deepcopy(self.load.table)
+        if self.clients is not None:  # a share of the clients, each with the request list sized for all N
+            wl["concurrency"] = max(1, math.ceil(rate - 1e-9))
+            return wl
         wl["rate_rps"] = float(rate)
         return wl
+
+    def least(self, bound: float) -> int:
+        """The fewest instances the throughput bound allows for the load (closed loop: 1, its rate unknown)."""
+        return 1 if self.clients is not None else max(1, math.ceil(self.rate / bound - 1e-9))
+
+    def share(self, load: float) -> str:
+        """A screen's share of the load, in its unit."""
+        return f"{math.ceil(load - 1e-9)} clients" if self.clients is not None else f"{load:.3g} req/s"
 
     def coloc_table(self, shape: Shape, k: int, policy: str, rate: float, seed: int, stop: bool,
                     engine: str = "fastpp") -> dict:
@@ -362,7 +379,7 @@ class ClusterPlan:
         # co-located replicas
         for e in self.engines:
             for s in usable[e]:
-                lo = max(1, math.ceil(R / self.bound(s, "total") - 1e-9))
+                lo = self.least(self.bound(s, "total"))
                 hi = N // s.gpus
                 for pol in engine_policies(e, self.policies):
                     base = {"mode": "colocated", "tp": s.tp, "pp": s.pp, "policy": pol, "profile": s.profile,
@@ -383,7 +400,11 @@ class ClusterPlan:
         pfast = max(shapes, key=lambda s: (s.pp == 1, s.tp, -s.pp))
         pbound = self.bound(pfast, "prompt")
 
-        def ample_prefill(rate: float) -> int:
+        def ample_prefill(rate: float, dshape: Shape | None = None) -> int:
+            if self.clients is not None:  # `rate` is clients: the decode instance's bound caps their rate, and
+                # one prefill instance per client never queues a prompt
+                return max(1, min(math.ceil(self.bound(dshape, "output") / (PREFILL_SHARE * pbound)),
+                                  math.ceil(rate - 1e-9)))
             return max(1, math.ceil(rate / (PREFILL_SHARE * pbound)))
 
         dengines = [e for e in self.engines if e != "vllm-v0"]
@@ -396,7 +417,7 @@ class ClusterPlan:
         for e in dengines:
             dpol = "static-2048" if e == "fastpp" else ENGINE_DEFAULT
             for s in shapes:
-                lo = max(1, math.ceil(R / self.bound(s, "output") - 1e-9))
+                lo = self.least(self.bound(s, "output"))
                 hi = (N - 1) // s.gpus
                 base = {"mode": "disaggregated", "tp": s.tp, "pp": s.pp, "policy": "-", "profile": s.profile,
                         "engine": e, "deployment": f"disagg decode pool Dx({s.text()}){engine_tag(e, '-')}"}
@@ -410,7 +431,7 @@ class ClusterPlan:
                     continue
                 dsearch[s, e] = CountSearch(
                     f"decode {s.text()}{engine_tag(e, '-')}", lo, hi,
-                    lambda D, s=s, e=e, dpol=dpol: self.disagg_table(pfast, ample_prefill(R / D), dpol, s, 1, R / D,
+                    lambda D, s=s, e=e, dpol=dpol: self.disagg_table(pfast, ample_prefill(R / D, s), dpol, s, 1, R / D,
                                                                      seed, True, engine=e),
                     slo.meets)
         run_searches(self.runner, [x for _, _, x in searches] + list(dsearch.values()), "plan: screens")
@@ -423,7 +444,7 @@ class ClusterPlan:
                 continue
             dcount = dsearch[dbest, e].best
             for s in shapes:
-                lo = max(1, math.ceil(R / self.bound(s, "prompt") - 1e-9))
+                lo = self.least(self.bound(s, "prompt"))
                 hi = (N - dbest.gpus) // s.gpus
                 for pol in engine_policies(e, self.policies):
                     base = {"mode": "disaggregated", "tp": s.tp, "pp": s.pp, "policy": pol, "profile": s.profile,
@@ -451,7 +472,7 @@ class ClusterPlan:
             if cs.best is None:
                 self._prune({"mode": "colocated", "tp": s.tp, "pp": s.pp, "policy": pol, "profile": s.profile,
                              "engine": e, "deployment": f"colocated kx({s.text()}) {pol}{engine_tag(e, pol)}"},
-                            f"screen: one replica misses the SLOs at {R / cs.hi:.3g} req/s, its share with "
+                            f"screen: one replica misses the SLOs at {self.share(R / cs.hi)}, its share with "
                             f"{cs.hi} replicas (the most {N} GPUs allow)")
                 continue
             cands.append(Cand("colocated", pol, shape=s, replicas=cs.best, screen=cs.results[cs.best], engine=e))
@@ -459,14 +480,14 @@ class ClusterPlan:
             if cs.best is None:
                 self._prune({"mode": "disaggregated", "tp": s.tp, "pp": s.pp, "policy": "-", "profile": s.profile,
                              "engine": e, "deployment": f"disagg decode pool Dx({s.text()}){engine_tag(e, '-')}"},
-                            f"screen: one decode instance misses the SLOs at {R / cs.hi:.3g} req/s with ample prefill "
+                            f"screen: one decode instance misses the SLOs at {self.share(R / cs.hi)} with ample prefill "
                             f"({cs.hi} instances, the most {N} GPUs allow)")
         for (ps, pol, e), cs in psearch.items():
             if cs.best is None:
                 self._prune({"mode": "disaggregated", "tp": ps.tp, "pp": ps.pp, "policy": pol, "profile": ps.profile,
                              "engine": e,
                              "deployment": f"disagg prefill pool Px({ps.text()}) {pol}{engine_tag(e, pol)}"},
-                            f"screen: one prefill instance misses the TTFT SLO at {R / cs.hi:.3g} req/s with ample "
+                            f"screen: one prefill instance misses the TTFT SLO at {self.share(R / cs.hi)} with ample "
                             f"decode ({cs.hi} instances)")
                 continue
             for (ds, de), dcs in dsearch.items():
@@ -543,13 +564,15 @@ class ClusterPlan:
 
     def _goodputs(self, ok: list[Cand]) -> dict[tuple, tuple[float, dict | None]]:
         """First-seed goodput of each confirmed candidate, searched from R upward (cost at goodput), with the
-        summary of its run at that goodput (`sim.studies.plan.goodputs_above`)."""
+        summary of its run at that goodput (`sim.studies.plan.goodputs_above`). None at N clients (not searched)."""
+        if self.clients is not None:
+            return {}
         found = goodputs_above(self.runner, [self.table_of(c, self.seeds[0], True) for c in ok], self.rate, self.slo)
         return {c.key(): f for c, f in zip(ok, found)}
 
     def _row(self, c: Cand, summ: list[dict] | None, found: tuple[float, dict | None] | None) -> dict:
         base = {"mode": c.mode, "deployment": c.label(), "policy": c.policy, "gpus": c.gpus,
-                "rate_rps": self.rate, "engine": c.engine, "engine_version": engine_version(c.engine),
+                "rate_rps": self.rate if self.clients is None else math.nan, "engine": c.engine, "engine_version": engine_version(c.engine),
                 "what_if": what_if(c.engine, c.policy)}
         if c.mode == "colocated":
             base.update(replicas=c.replicas, tp=c.shape.tp, pp=c.shape.pp, profile=c.shape.profile,
@@ -568,7 +591,7 @@ class ClusterPlan:
                     "mean_tpot_ms": _num(sc.get("mean_tpot_ms")), "mean_ttft_ms": _num(sc.get("mean_ttft_ms")),
                     **{k: _num(sc.get(k)) for k in self.slo.keys()},
                     "screen_margin": self.slo.margin(sc) if sc else math.nan, "meets_slo": False,
-                    **cost_columns(c.gpus, price, self.rate, math.nan)}
+                    **cost_columns(c.gpus, price, self.rate if self.clients is None else None, math.nan)}
         row = {**base, "status": "ok", "reason": "", "num_seeds": len(summ), **at_rate_row(summ, self.slo),
                "note": "", TABLE: self.table_of(c, self.seeds[0], False)}
         for k in ("mean_kv_transfer_ms", "p99_kv_transfer_ms", "kv_link_utilisation_max"):
@@ -579,7 +602,13 @@ class ClusterPlan:
         row["goodput_rps"] = g if g is not None else math.nan
         at_g = found[1] if found is not None and g is not None else None
         row["goodput_mean_tpot_ms"] = _num(at_g.get("mean_tpot_ms")) if at_g else math.nan
-        row.update(cost_columns(c.gpus, price, self.rate, row["goodput_rps"]))
+        rate = self.rate
+        if self.clients is not None:  # cost at what it serves at N clients (sim/studies/concurrency_plan.py)
+            from sim.studies.concurrency_plan import mean_achieved
+
+            rate = row["rate_rps"] = row["achieved_rps"] = mean_achieved(summ)
+            row["concurrency"] = self.clients
+        row.update(cost_columns(c.gpus, price, rate if math.isfinite(rate) else None, row["goodput_rps"]))
         if not row["meets_slo"]:
             row["note"] = "misses the SLOs in full simulation" + (
                 f" on {len(summ) - int(row['seeds_meeting'])} of {len(summ)} seeds" if row["seeds_meeting"] else "")
@@ -628,12 +657,13 @@ def rank_cluster(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def cluster_verdict(df: pd.DataFrame, rate: float, slo_text: str, max_gpus: int, pruned: int,
-                    unit: str = "GPU-hours") -> str:
+                    unit: str = "GPU-hours", clients: int | None = None) -> str:
 
     top = df[df["rank"] == 1]
     n_full = int((df["status"] == "ok").sum())
     n_est = int((df["status"] == "estimated").sum())
-    head = (f"At {rate:g} req/s with {slo_text}, on up to {max_gpus} GPUs: {n_full} deployments simulated in full, "
+    load = f"{clients} concurrent clients" if clients is not None else f"{rate:g} req/s"
+    head = (f"At {load} with {slo_text}, on up to {max_gpus} GPUs: {n_full} deployments simulated in full, "
             f"{n_est} estimated from their screens, {pruned} pruned by the bounds or screens, "
             f"{int((df['status'] == 'dropped').sum())} instance shapes dropped.")
     if top.empty:
@@ -642,7 +672,9 @@ def cluster_verdict(df: pd.DataFrame, rate: float, slo_text: str, max_gpus: int,
     b = top.iloc[0]
     from sim.studies.verdict import _money
 
-    at_rate = f"{_money(float(b['cost_per_million_at_rate']), unit)} per million requests at {rate:g} req/s"
+    at_rate = f"{_money(float(b['cost_per_million_at_rate']), unit)} per million requests at {rate:g} req/s" \
+        if clients is None else (f"{_money(float(b['cost_per_million_at_rate']), unit)} per million requests at "
+                                 f"the {float(b['achieved_rps']):.3g} req/s it serves at {load}")
     gp, cg = b.get("goodput_rps"), b.get("cost_per_million_at_goodput")
     at_g = f" ({_money(float(cg), unit)} at its goodput {gp:.3g} req/s)" if gp == gp and cg == cg else ""
     text = [head, f"Fewest GPUs: {b['deployment']} on {int(b['gpus'])} GPUs ({int(b['nodes'])} node"
@@ -677,8 +709,9 @@ def run_cluster_plan(args) -> tuple[pd.DataFrame, dict]:
 
     slo = sustained(slo_from_specs(args.slo, SLO(ttft_ms=args.slo_ttft_ms, tpot_ms=args.slo_tpot_ms)))
     slo.validate("plan --slo")
-    if args.rate is None:
-        raise ConfigError("--max-gpus answers the fewest GPUs that serve a load: give --rate R (req/s)")
+    if args.rate is None and getattr(args, "concurrency", None) is None:
+        raise ConfigError("--max-gpus answers the fewest GPUs that serve a load: give --rate R (req/s) or "
+                          "--concurrency N (clients)")
     if args.trace:
         raise ConfigError("--max-gpus with --trace: not supported (the screens split the load by rate); allowed: "
                           "--workload NAME with --rate")
@@ -702,7 +735,13 @@ def run_cluster_plan(args) -> tuple[pd.DataFrame, dict]:
     fam = family_dir(gpu)
     price = parse_prices(args.price_per_gpu_hour, [fam.name]).get(fam.name)
     load = plan_load(args, overrides)
-    load.changes += tuple(x for x in [hold_tail(load.table, slo, load.per_unit, args.quick,
+    if load.clients is not None:  # a closed loop's probes (sim/studies/concurrency_plan.py)
+        from sim.studies.concurrency_plan import hold_clients
+
+        load.changes += tuple(x for x in [hold_clients(load.table, load.clients, slo, args.quick,
+                                                       "num_requests" in overrides)] if x)
+    else:
+        load.changes += tuple(x for x in [hold_tail(load.table, slo, load.per_unit, args.quick,
                                                          size_key(load.table) in overrides)] if x)
     if load.per_unit != 1.0:
         raise ConfigError(f"--max-gpus with --workload {args.workload}: a conversation workload's rate is sessions/s, "
@@ -727,7 +766,12 @@ def run_cluster_plan(args) -> tuple[pd.DataFrame, dict]:
         df["engine"] = df["engine"].fillna("-")
     df = rank_cluster(df)
     df["warnings"] = [_cluster_warnings(r) for r in df.to_dict("records")]
-    checks = verify(runner, df.to_dict("records"), load.rate_rps, slo) if getattr(args, "verify", False) else None
+    if load.clients is not None and getattr(args, "verify", False):
+        from sim.studies.concurrency_plan import verify as verify_clients
+
+        checks = verify_clients(runner, df.to_dict("records"), load.clients, slo)
+    else:
+        checks = verify(runner, df.to_dict("records"), load.rate_rps, slo) if getattr(args, "verify", False) else None
     df = df.drop(columns=[TABLE], errors="ignore")
     meta = {"mode": "rate", "model": args.model, "gpus": args.max_gpus, "max_gpus": args.max_gpus,
             "gpus_per_node": args.gpus_per_node, "network": args.network, "gpu": fam.name,
@@ -739,7 +783,14 @@ def run_cluster_plan(args) -> tuple[pd.DataFrame, dict]:
             "cost_unit": cost_unit({fam.name: price} if price else {}),
             "rule": "fewest GPUs meeting the SLOs on every seed (sustained: not saturated), then cost per hour, "
                     "then margin"}
-    meta["verdict"] = cluster_verdict(df, load.rate_rps, slo.describe(), args.max_gpus, plan.pruned, meta["cost_unit"])
+    if load.clients is not None:
+        from sim.studies import concurrency_plan as cp
+
+        meta.update(mode="concurrency", concurrency=load.clients, load_unit=cp.UNIT, cost_note=cp.COST_NOTE,
+                    rule=f"fewest GPUs meeting the SLOs at {load.clients} concurrent clients on every seed (sustained: "
+                         f"not saturated), then cost per hour, then margin")
+    meta["verdict"] = cluster_verdict(df, load.rate_rps, slo.describe(), args.max_gpus, plan.pruned, meta["cost_unit"],
+                                      clients=load.clients)
     meta["by_mode_and_nodes"] = by_mode_and_nodes(df)
     if checks is not None:
         meta["verification"] = checks

@@ -6,7 +6,7 @@ replicas, with every chunk policy (static 256/512/1024/2048, greedy, predictive,
 delay scheduling). A split without a profile or whose KV pool cannot hold one full-context
 request is *dropped* (listed with the reason, never silently).
 
-Two questions:
+Three questions:
 
 - `--rate R` (or a timestamped trace, `--trace FILE`, replayed at its own times, scaled to R
   when `--rate` is given): simulate every candidate at that load and report mean/P50/P90/P99
@@ -16,6 +16,8 @@ Two questions:
   each: `cost_per_hour`, `cost_per_million_at_rate` (serving R: the one to present) and
   `cost_per_million_at_goodput` (at each one's goodput, `goodputs_above`: first seed, searched from R
   upward to within 10%; NaN for those missing the SLOs and a trace replayed at its timestamps).
+- `--concurrency N` (users, not a rate): every candidate as a closed loop of N clients, ranked as at a
+  rate, its cost at the rate it achieves there (sim/studies/concurrency_plan.py).
 - no `--rate`: each candidate's goodput (the highest rate meeting the SLOs; `sim.studies.sweep`),
   mean and 95% CI over the seeds, ranked by goodput with CI ties broken by cost, then GPUs.
 
@@ -306,6 +308,7 @@ class PlanLoad:
     # sessions, each sending its turns: requests / sessions of its seed-1 build. Rates and goodputs in the
     # plan's outputs are requests/s (the searches run in the workload's own unit).
     per_unit: float = 1.0
+    clients: int | None = None  # `--concurrency N`: a closed loop of N clients (sim/studies/concurrency_plan.py)
 
 
 def _mean_rate(reqs) -> float:
@@ -327,6 +330,10 @@ def plan_load(args, overrides: dict) -> PlanLoad:
     else:
         table = {"name": args.workload, **overrides}
     merged, _ = resolve_workload(table)
+    if getattr(args, "concurrency", None) is not None:
+        from sim.studies.concurrency_plan import check_workload
+
+        check_workload(merged, args.workload)
     timestamped = merged.get("kind") == "trace" and merged.get("arrivals", "poisson") != "poisson"
     if args.quick and not timestamped and "num_sessions" not in merged:
         table["num_requests"] = min(int(merged.get("num_requests", 150) or 150), 150)
@@ -352,6 +359,12 @@ def plan_load(args, overrides: dict) -> PlanLoad:
         n = int(table.get(size, merged.get(size, 0)) or 0)
         if n > 0:
             table[size] = n if args.rate is None else max(n, math.ceil(float(args.rate) * probe_window_s(args) - 1e-9))
+    clients = getattr(args, "concurrency", None)
+    if clients is not None:  # sized by run_plan (`concurrency_plan.hold_clients`), once the SLO is known
+        table["concurrency"] = int(clients)
+        return PlanLoad(table, False, None, f"workload {args.workload}: a closed loop of {clients} concurrent "
+                                            f"clients (each sends its next request when its previous one "
+                                            f"finishes; the request list in order)", changes, tokens, per, clients)
     if not timestamped:
         if args.rate is None:
             return PlanLoad(table, False, None, f"workload {args.workload}: goodput search over Poisson rates",
@@ -709,10 +722,15 @@ def run_plan(args) -> tuple[pd.DataFrame, dict]:
             notes += lines
     prices = parse_prices(args.price_per_gpu_hour, [n for n, _ in families])
     load = plan_load(args, overrides)
-    if not load.timestamped:  # a tail objective's probes (sim.studies.sweep.tail_requests; issue 39b hook)
+    if load.clients is not None:  # a closed loop's probes: rounds per client and the tail (concurrency_plan)
+        from sim.studies.concurrency_plan import hold_clients
+
+        load.changes += tuple(x for x in [hold_clients(load.table, load.clients, slo, args.quick,
+                                                       "num_requests" in overrides)] if x)
+    elif not load.timestamped:  # a tail objective's probes (sim.studies.sweep.tail_requests; issue 39b hook)
         load.changes += tuple(x for x in [hold_tail(load.table, slo, load.per_unit, args.quick,
                                                          size_key(load.table) in overrides)] if x)
-    mode = "goodput" if load.rate_rps is None else "rate"
+    mode = "concurrency" if load.clients is not None else "goodput" if load.rate_rps is None else "rate"
     seeds = list(range(1, args.seeds + 1))
     runner = Runner(out / "cache.jsonl", jobs=args.jobs, executor=args.executor, address=args.address,
                     progress=not args.no_progress)
@@ -754,16 +772,26 @@ def run_plan(args) -> tuple[pd.DataFrame, dict]:
     price = {c["interconnect"]: prices.get(c["interconnect"]) for c in cands}
     if mode == "rate":
         rows += _plan_at_rate(runner, cands, load, slo, seeds, price, args.replicate_within, sets, asked)
+    elif mode == "concurrency":  # ranked as at a rate (sim/studies/concurrency_plan.py)
+        from sim.studies.concurrency_plan import plan_rows
+
+        rows += plan_rows(runner, cands, load, slo, seeds, price, args.replicate_within, sets, asked)
     else:
         rows += _plan_goodput(runner, cands, load, slo, seeds, price, args, sets, asked)
     if load.per_unit != 1.0:
         rows = [in_requests(r, load.per_unit, price.get(r["interconnect"])) for r in rows]
     df = pd.DataFrame(rows)
     df.insert(0, "deployment", [label(r) for r in df.to_dict("records")])
-    df = rank(df, mode)
-    df["warnings"] = [_warnings(r, mode) for r in df.to_dict("records")]
-    checks = (verify(runner, df.to_dict("records"), None if load.rate_rps is None else load.rate_rps * load.per_unit,
-                     slo, load.per_unit) if getattr(args, "verify", False) else None)
+    ranked_as = "rate" if mode == "concurrency" else mode
+    df = rank(df, ranked_as)
+    df["warnings"] = [_warnings(r, ranked_as) for r in df.to_dict("records")]
+    if mode == "concurrency" and getattr(args, "verify", False):
+        from sim.studies.concurrency_plan import verify as verify_clients
+
+        checks = verify_clients(runner, df.to_dict("records"), load.clients, slo)
+    else:
+        checks = (verify(runner, df.to_dict("records"), None if load.rate_rps is None else load.rate_rps * load.per_unit,
+                         slo, load.per_unit) if getattr(args, "verify", False) else None)
     df = df.drop(columns=[TABLE], errors="ignore")
     meta = {"mode": mode, "model": args.model, "gpus": args.gpus, "slo": slo.describe(), "seeds": len(seeds),
             "rate_rps": None if load.rate_rps is None else load.rate_rps * load.per_unit, "load": load.note,
@@ -773,6 +801,10 @@ def run_plan(args) -> tuple[pd.DataFrame, dict]:
             "gpus_per_node": gpn, "network": network if args.gpus > gpn else None,
             "cost_unit": cost_unit(prices),
             "rule": RULE_RATE if mode == "rate" else RULE_GOODPUT}
+    if mode == "concurrency":
+        from sim.studies import concurrency_plan as cp
+
+        meta.update(concurrency=load.clients, load_unit=cp.UNIT, rule=cp.RULE, cost_note=cp.COST_NOTE)
     cut = df[(df.get("truncated_prompts", 0) > 0) | (df.get("clipped_outputs", 0) > 0)] \
         if "truncated_prompts" in df else df.iloc[:0]
     meta["truncation"] = [{"deployment": r["deployment"], "truncated_prompts": int(r["truncated_prompts"]),
@@ -785,7 +817,8 @@ def run_plan(args) -> tuple[pd.DataFrame, dict]:
             f"{worst['truncated_prompts']} prompt(s) truncated and {worst['clipped_outputs']} output(s) clipped, "
             f"{worst['deployment']}; context {worst['context_length_tokens']} tokens unless the model's is shorter; "
             f"plan.json truncation; raise it with --set scheduler.context_length_tokens=N)")
-    meta["verdict"] = verdict(df, mode, slo.describe(), meta["rate_rps"], meta["cost_unit"])
+    meta["verdict"] = verdict(df, ranked_as, slo.describe(), meta["rate_rps"], meta["cost_unit"],
+                              load_text=f"{load.clients} concurrent clients" if mode == "concurrency" else None)
     if checks is not None:
         meta["verification"] = checks
     return df, meta

@@ -132,15 +132,17 @@ def _money(v: float, unit: str) -> str:
 
 
 def verdict(ranked: pd.DataFrame, mode: str, slo_text: str, rate_rps: float | None = None,
-            unit_of: str = "GPU-hours") -> str:
+            unit_of: str = "GPU-hours", load_text: str | None = None) -> str:
     """One paragraph from a ranked table (`rank` output): which family wins, by how much, with
-    the CI; differences inside the CIs are called ties, never "0% lower"."""
+    the CI; differences inside the CIs are called ties, never "0% lower". `load_text`: the load of a
+    rate-mode ranking in other units ("64 concurrent clients": each row's cost per million requests is
+    then at its own `achieved_rps`, sim/studies/concurrency_plan.py)."""
     top = ranked[ranked["rank"] == 1]
     ck = cost_key(ranked)
     n_sim = int((ranked["status"] == "ok").sum())
     n_out = int((ranked["status"] != "ok").sum())
     if mode == "rate":
-        head = f"At {rate_rps:g} req/s with {slo_text}, {int(ranked['rank'].notna().sum())} of {n_sim} simulated deployments meet the SLOs on every seed"
+        head = f"At {load_text or f'{rate_rps:g} req/s'} with {slo_text}, {int(ranked['rank'].notna().sum())} of {n_sim} simulated deployments meet the SLOs on every seed"
     else:
         head = f"With {slo_text}, {int(ranked['rank'].notna().sum())} of {n_sim} simulated deployments reach a goodput above 0"
     head += f" ({n_out} pruned or dropped before simulating)." if n_out else "."
@@ -156,6 +158,9 @@ def verdict(ranked: pd.DataFrame, mode: str, slo_text: str, rate_rps: float | No
             return f"{r['deployment']} at {_ci(r['goodput_rps'], r['goodput_ci_lo'], r['goodput_ci_hi'], unit)}"
         cost = float(r[ck]) if ck in r else math.nan
         c = "" if not math.isfinite(cost) else f", {_money(cost, unit_of)} per million requests at the rate"
+        got = r.get("achieved_rps")
+        if c and load_text and isinstance(got, float) and math.isfinite(got):
+            c = f", {_money(cost, unit_of)} per million requests at the {got:.3g} req/s it serves at {load_text}"
         g, cg = r.get("goodput_rps"), r.get(COST_AT_GOODPUT)
         if c and isinstance(g, float) and math.isfinite(g) and isinstance(cg, float) and math.isfinite(cg):
             c += f" ({_money(cg, unit_of)} at its goodput {g:.3g} req/s, first seed)"  # sim.studies.plan.goodputs_above

@@ -1,0 +1,196 @@
+"""`ppsim plan --concurrency N`: a plan in users' units, the deployment that holds N concurrent users.
+
+The load is a closed loop of N clients (`[workload] concurrency = N`, sim/workloads/client.py), as
+`vllm bench serve --max-concurrency N`, SGLang's `bench_serving --max-concurrency N` and genai-perf's
+`--concurrency N` run it: every client sends its next request when its previous one has finished, the
+workload's request list consumed in order (its arrival times ignored). Each candidate is simulated at N
+clients, meets the SLOs or not (`sim.studies.sweep.SustainedSLO`, as in rate mode), and those meeting them
+on every seed are ranked as in rate mode: fewest GPUs, then cost per hour, then margin
+(`sim.studies.verdict.rank`).
+
+Probe length, mirroring rate mode (sim/studies/plan.py `plan_load`, sim/studies/sweep.py `tail_requests`):
+
+- the tail rule: at least `tail_requests(slo)` requests, so that the SLO's highest percentile rests on
+  `TAIL_SAMPLES` requests past the warm-up share (`hold_tail`);
+- the warm-up: a closed loop starts with all N clients sending at t = 0, a burst no steady state has,
+  and fills over its first round. Each client sends at least `MIN_ROUNDS` (8) requests
+  (sim/studies/concurrency.py, what `ppsim goodput --concurrency` holds), so that first round is at most
+  1/8 of the requests, inside the first quarter the tail rule and the saturation check count as warm-up
+  (`WARMUP_SHARE`). A time window as rate mode's (`PROBE_MIN_WINDOW_S`) is not needed: a closed loop
+  cannot absorb a rate as a burst (N requests are in flight at every moment), so a deployment is held at
+  its own pace once its first round has passed.
+
+A request count the user sets (`--set workload.num_requests=M`) is kept, with a warning when it is below
+either bound.
+
+Cost: `cost_per_million_at_rate` is taken at the candidate's achieved throughput at N clients,
+`achieved_rps` = completed requests / the run's duration (first send to last finish: vLLM's
+`request_throughput`, sim/outputs/bench_metrics.py), mean over its seeds; `rate_rps` carries the same
+number (the rate the row's cost and plot point are at). A run stopped early once it certainly misses has
+no achieved rate (NaN), as its percentiles.
+
+`--verify` re-simulates the recommendation at N clients with `VERIFY_FACTOR` x its probe's requests (at
+least `VERIFY_MIN_REQUESTS`), no early stop, and says whether it holds (sim/studies/plan_verify.py). The
+goodput column (the most clients meeting the SLOs) is not searched in this mode: `ppsim goodput
+--concurrency LO:HI` finds it for one deployment.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+
+from sim.core.errors import ConfigError
+from sim.studies.concurrency import MIN_ROUNDS
+from sim.studies.plan_verify import TABLE, VERIFY_FACTOR, VERIFY_MIN_REQUESTS
+from sim.studies.sweep import tail_requests
+
+UNIT = "concurrent clients"
+RULE = ("among those meeting the SLOs at N concurrent clients on every seed (sustained: not saturated), fewest "
+        "GPUs, then cost per hour, then margin")
+COST_NOTE = ("cost columns: cost_per_hour = GPUs x price; cost_per_million_at_rate = at the candidate's achieved "
+             "throughput at N clients (achieved_rps = completed / duration, its rate_rps); "
+             "cost_per_million_at_goodput is not searched in concurrency mode")
+
+
+def check_flags(args) -> None:
+    """`--concurrency N` with the flags it excludes: one-line errors."""
+    n = getattr(args, "concurrency", None)
+    if n is None:
+        return
+    if getattr(args, "rate", None) is not None:
+        raise ConfigError(f"--concurrency {n} and --rate {args.rate:g}: a plan's load is either N closed-loop "
+                          f"clients or a rate; allowed: one of them")
+    if getattr(args, "trace", None):
+        raise ConfigError(f"--concurrency {n} with --trace: a trace is replayed at its timestamps (an open loop); "
+                          f"allowed: --workload NAME with --concurrency, or --trace with --rate")
+
+
+def hold_clients(table: dict, n: int, slo, quick: bool = False, asked: bool = False) -> str:
+    """Make the [workload] `table` a closed loop of `n` clients, in place: `concurrency = n` (no
+    `max_concurrency`), and at least `MIN_ROUNDS` requests per client and `tail_requests(slo)` requests
+    (module docstring). A size the user `asked` for is kept; returns what was done or warned ("" if nothing)."""
+    table.pop("max_concurrency", None)
+    table["concurrency"] = int(n)
+    have = table.get("num_requests")
+    if not (isinstance(have, int) and have > 0):
+        return ""
+    need = max(MIN_ROUNDS * int(n), tail_requests(slo, quick))
+    if have >= need:
+        return ""
+    if asked:
+        return (f"workload.num_requests={have} kept as --set asks, below the {need} a closed loop of {n} clients "
+                f"holds ({MIN_ROUNDS} per client, and the SLO's tail: sim.studies.concurrency_plan): its warm-up "
+                f"and tail weigh more")
+    table["num_requests"] = need
+    return (f"probes hold at least {need} requests (were {have}): {MIN_ROUNDS} per client of the {n} (the first "
+            f"round, all {n} sent at once, is the warm-up) and the SLO's tail (sim.studies.sweep.tail_requests)")
+
+
+def check_workload(merged: dict, name: str) -> None:
+    """A conversation workload's turns follow their sessions' clocks; a closed loop over them is not planned."""
+    if merged.get("kind") == "conversation" or "num_sessions" in merged:
+        raise ConfigError(f"--concurrency with --workload {name}: a conversation workload sends its turns on its "
+                          f"sessions' clocks, which a closed loop of clients does not model; allowed: a request "
+                          f"workload (e.g. azure-conv-synth, sharegpt)")
+
+
+def with_clients(table: dict, n: float) -> dict:
+    """A run table at a share of the clients: `ceil(n)` of them (a screen of one instance at its share of N
+    clients, sim/studies/cluster_plan.py), the request list as sized for all N (more rounds per client)."""
+    t = copy.deepcopy(table)
+    t["workload"]["concurrency"] = max(1, math.ceil(n - 1e-9))
+    return t
+
+
+def achieved_rps(summary: dict) -> float:
+    """Completed requests / duration (first send to last finish) of a run that ran to the end; NaN otherwise."""
+    dur, fin = summary.get("duration_s"), summary.get("num_finished")
+    if summary.get("status") != "ok" or not isinstance(dur, (int, float)) or not dur > 0 or fin is None:
+        return math.nan
+    return float(fin) / float(dur)
+
+
+def mean_achieved(summaries: list[dict]) -> float:
+    vals = [achieved_rps(s) for s in summaries]
+    return float(sum(vals) / len(vals)) if vals and all(math.isfinite(v) for v in vals) else math.nan
+
+
+def long_table(table: dict) -> dict:
+    """`table` (a closed loop) with `VERIFY_FACTOR` x its requests (at least `VERIFY_MIN_REQUESTS`), run to
+    the end."""
+    t = copy.deepcopy(table)
+    wl = t["workload"]
+    n = int(wl.get("num_requests") or 0)
+    if n > 0:
+        wl["num_requests"] = max(VERIFY_FACTOR * n, VERIFY_MIN_REQUESTS)
+    slo = t.get("slo", {})
+    slo["stop_when_violated"] = False
+    slo.pop("stop_factor", None)
+    slo.pop("stop_when_met", None)
+    return t
+
+
+def verify(runner, rows: list[dict], clients: int, slo) -> list[dict]:
+    """The recommendation (rank 1) re-simulated at `clients` clients at length, and whether it holds."""
+    best = [r for r in rows if r.get("rank") == 1 and r.get(TABLE)]
+    if not best:
+        return []
+    r = best[0]
+    t = long_table(r[TABLE])
+    s = runner.run([t], desc="plan: verify")[0]
+    return [{"deployment": r["deployment"], "check": f"recommended, at {clients} clients", "concurrency": clients,
+             "rate_rps": achieved_rps(s), "num_requests": t["workload"].get("num_requests"),
+             "holds": bool(slo.meets(s)), "status": s.get("status"), "saturated": bool(s.get("saturated")),
+             "offered_rate_rps": s.get("offered_rate_rps"), "completion_rate_rps": s.get("completion_rate_rps"),
+             "margin": slo.margin(s), **{k: s.get(k) for k in slo.keys()}}]
+
+
+def plan_rows(runner, cands: list[dict], load, slo, seeds: list[int], price: dict, within: float,
+              sets: dict | None = None, asked: tuple[str, ...] | None = None) -> list[dict]:
+    """Every candidate x policy at `load.clients` clients (sim/studies/plan.py `_plan_at_rate`'s staging: the
+    first seed everywhere, stopped once a percentile certainly exceeds `STOP_FACTOR` x its threshold; the
+    other seeds where the first-seed margin is within `within` of the SLO boundary or of the best of its
+    cost per hour)."""
+    from sim.studies.plan import (STOP_FACTOR, _cluster_of, at_rate_row, cost_columns, deployment_table,
+                                  metric_columns, policies_for)
+
+    items = [(c, p) for c in cands for p in policies_for(c, asked)]
+    sets = sets or {}
+
+    def table(c, policy, seed):
+        router = "round-robin" if c["router"] == "single" else c["router"]
+        t = deployment_table(load.table, c["profile"], c["replicas"], c["tp"], c["pp"], router, policy, slo, seed,
+                             stop_early=True, engine=c.get("engine", "fastpp"), cluster=_cluster_of(c),
+                             overrides=sets.get(c.get("engine", "fastpp"), ()))
+        t["slo"]["stop_factor"] = STOP_FACTOR
+        return t
+
+    first = runner.run([table(c, p, seeds[0]) for c, p in items], desc="plan: first seed")
+    margin1 = [slo.margin(s) if s.get("status") == "ok" else -math.inf for s in first]
+    per_hour = [round((price[c["interconnect"]] or 1.0) * c["gpus"], 6) for c, _ in items]
+    best: dict = {}
+    for m, k in zip(margin1, per_hour):
+        best[k] = max(best.get(k, -math.inf), m)
+    more = [i for i, (m, k) in enumerate(zip(margin1, per_hour)) if len(seeds) > 1 and first[i].get("status") == "ok"
+            and (abs(m) <= within or m >= best[k] - within)]
+    rest = runner.run([table(*items[i], s) for i in more for s in seeds[1:]], desc="plan: more seeds")
+    extra = {i: rest[j * (len(seeds) - 1):(j + 1) * (len(seeds) - 1)] for j, i in enumerate(more)}
+    rows = []
+    for i, (c, policy) in enumerate(items):
+        summ = [first[i], *extra.get(i, [])]
+        got = mean_achieved(summ)
+        row = {**c, "policy": policy, "status": "ok", "reason": "", "concurrency": load.clients,
+               "achieved_rps": got, "rate_rps": got, "num_seeds": len(summ), **at_rate_row(summ, slo), "note": "",
+               TABLE: table(c, policy, seeds[0])}
+        if first[i].get("status") == "stopped":
+            for col in metric_columns(slo) + ["slo_attainment"]:
+                row[col] = math.nan  # only the requests finished by the stop: not comparable
+            row["note"] = f"misses by more than {STOP_FACTOR:g}x: {first[i].get('reason')}"
+        elif len(summ) < len(seeds):
+            row["note"] = (f"{len(summ)} seed: first-seed margin {margin1[i]:+.0%} is more than {within:.0%} from "
+                           f"the SLO boundary and from the best of its cost")
+        row["goodput_rps"] = math.nan
+        row.update(cost_columns(c["gpus"], price[c["interconnect"]], got if math.isfinite(got) else None, math.nan))
+        rows.append(row)
+    return rows
