@@ -6,6 +6,7 @@ request of 10 output tokens takes 10 iterations = 100 ms (its prefill gives the 
 from __future__ import annotations
 
 import json
+import math
 
 import pandas as pd
 import pytest
@@ -24,10 +25,10 @@ CONSTANT = ('latency.kind="constant"', "latency.stage_ms=10.0", "latency.overhea
             "scheduler.kv_tokens=100000", "scheduler.max_running_requests=2")
 
 
-def _at(n: int, slo) -> dict:
+def _at(n: int, slo, constant=CONSTANT) -> dict:
     load = PlanLoad({"kind": "bench", "num_requests": 80, "input_len": 100, "output_len": 10, "concurrency": n},
                     False, None, "", (), {}, 1.0, n)
-    return plan_rows(Runner(None, progress=False), [CAND], load, slo, [1], {"x": 2.0}, 0.25, {"fastpp": CONSTANT},
+    return plan_rows(Runner(None, progress=False), [CAND], load, slo, [1], {"x": 2.0}, 0.25, {"fastpp": constant},
                      ("static-2048",))[0]
 
 
@@ -48,9 +49,24 @@ def test_a_closed_loop_candidate_by_hand():
     assert four["achieved_rps"] == pytest.approx(20.0)
     assert four["p50_ttft_ms"] == pytest.approx(110.0) and four["p90_ttft_ms"] == pytest.approx(110.0)
     assert not four["meets_slo"] and four["margin"] == pytest.approx(1 - 110 / 60)
+    # the most clients it holds: 2 (4 misses as above; 3 clients on 2 slots: one request in three waits
+    # 100 ms, so P90 TTFT = 110 ms misses too), where it serves 20 req/s: $27.78 per million there as well
+    assert two["goodput_clients"] == 2 and two["goodput_rps"] == pytest.approx(20.0)
+    assert two["cost_per_million_at_goodput"] == pytest.approx(2.0 / (20 * 3600) * 1e6)
+    assert math.isnan(four["goodput_clients"]) and math.isnan(four["cost_per_million_at_goodput"])
     ranked = rank(pd.DataFrame([{**two, "deployment": "a"}, {**four, "deployment": "b"}]).drop(columns="_table"),
                   "rate")
     assert list(ranked["rank"].fillna(0)) == [1, 0]
+
+
+def test_the_most_clients_search_stops_at_its_cap_and_says_so():
+    # 2 running slots -> 64: nothing ever waits, every level passes; the search doubles 1, 2, 4, 8, 16 = 16 x 1
+    # and stops there (CLIENTS_CAP), each level at 100 ms a request: 16 / 0.1 s = 160 req/s
+    wide = CONSTANT[:-1] + ("scheduler.max_running_requests=64",)
+    one = _at(1, sustained(SLO(ttft_ms=60.0, tpot_ms=20.0)), wide)
+    assert one["achieved_rps"] == pytest.approx(10.0)
+    assert one["goodput_clients"] == 16 and one["goodput_rps"] == pytest.approx(160.0)
+    assert one["goodput_flag"].startswith("passes at 16 clients (the search's cap")
 
 
 def test_probe_size_rounds_per_client_and_the_tail():
@@ -106,9 +122,14 @@ def test_plan_at_concurrency_writes_the_unit_and_the_achieved_rate(tmp_path, cap
     assert "at the candidate's achieved throughput at N clients" in txt
     # the default SLOs (P90 TTFT 2 s, P90 TPOT 200 ms) hold at 4 clients on one A100 (margin about 0.76)
     assert r["rank"] == 1 and "req/s it serves at 4 concurrent clients" in doc["verdict"]
-    check = doc["verification"][0]
+    m = int(r["goodput_clients"])
+    assert m >= 4 and r["goodput_rps"] > 0 and f"at the most clients it holds, {m}" in doc["verdict"]
+    assert r["cost_per_million_at_goodput"] == pytest.approx(cost_per_million(2.0, 1, r["goodput_rps"]), rel=1e-5)
+    check, most = doc["verification"]
     assert check["check"] == "recommended, at 4 clients" and check["num_requests"] == 400
     assert isinstance(check["holds"], bool) and check["rate_rps"] > 0
+    # at the most clients: 10 x its probe's max(40, 8 per client) requests
+    assert most["check"] == f"most clients, at {m}" and most["num_requests"] == 10 * max(40, 8 * m)
     assert "verify (the first seed, run at length):" in text
 
 
@@ -130,3 +151,6 @@ def test_max_gpus_at_concurrency_smoke(tmp_path, capsys):
     assert doc["verdict"].startswith("At 8 concurrent clients with P90 TTFT <= 300 ms")
     assert len(best) and best.iloc[0]["gpus"] == ok[ok["meets_slo"] == True]["gpus"].min()  # noqa: E712
     assert "req/s it serves at 8 concurrent clients" in doc["verdict"]
+    # the most clients each confirmed candidate meeting the SLOs holds: at least the 8 it was planned for
+    met = ok[ok["meets_slo"] == True]  # noqa: E712
+    assert (met["goodput_clients"] >= 8).all() and (met["goodput_rps"] > 0).all()

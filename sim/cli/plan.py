@@ -242,8 +242,8 @@ def cmd_plan(args) -> int:
     nodes = ["nodes"] if "nodes" in df and (df["nodes"].fillna(1) > 1).any() else []
     if mode == "concurrency":  # ranked as at a rate; each candidate's own req/s at N clients
         cols = ["rank", "deployment", *nodes, "concurrency", "achieved_rps", *slo.keys(), "p99_e2e_ms",
-                "slo_attainment", "kv_headroom", "margin", "cost_per_hour", "cost_per_million_at_rate", "meets_slo",
-                "tied_with_best"]
+                "slo_attainment", "kv_headroom", "margin", "cost_per_hour", "cost_per_million_at_rate",
+                "goodput_clients", "goodput_rps", "cost_per_million_at_goodput", "meets_slo", "tied_with_best"]
     elif mode == "rate":
         cols = ["rank", "deployment", *nodes, *slo.keys(), "p99_e2e_ms", "slo_attainment", "kv_headroom", "margin",
                 "cost_per_hour", "cost_per_million_at_rate", "goodput_rps", "cost_per_million_at_goodput", "meets_slo",
@@ -287,7 +287,7 @@ def _print_cluster(df, meta, args, out, slo) -> int:
     print(_rule_text(meta))
     cols = ["rank", "deployment", "mode", "gpus", "nodes", "concurrency", "achieved_rps", *slo.keys(), "margin",
             "margin_ci_lo", "margin_ci_hi",
-            "cost_per_hour", "cost_per_million_at_rate", "goodput_rps", "cost_per_million_at_goodput",
+            "cost_per_hour", "cost_per_million_at_rate", "goodput_clients", "goodput_rps", "cost_per_million_at_goodput",
             "mean_kv_transfer_ms", "tied_with_best"]
     shown = df[df["status"] == "ok"]
     if not args.all:

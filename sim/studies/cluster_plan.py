@@ -3,7 +3,8 @@ SLOs, over GPU counts up to N on nodes of `--gpus-per-node` GPUs joined by `--ne
 disaggregated (prefill:decode ratios), TP x PP per pool and chunk policy (issue 34). With `--concurrency N`
 instead of a rate, the load is N closed-loop clients (sim/studies/concurrency_plan.py): a screen runs one
 instance at its share, ceil(N / k) clients, the throughput bound gives no lower count (a closed loop's rate is
-what it achieves), and costs are at each candidate's achieved rate; no goodput is searched.
+what it achieves), costs are at each candidate's achieved rate, and the goodput is the most clients each
+confirmed candidate holds (`clients_above`).
 
 Candidates
 - Instance shapes: TP over `--tp` (default 1, 2, 4, 8, ... up to the node's GPUs: a TP group inside one node;
@@ -564,9 +565,14 @@ class ClusterPlan:
 
     def _goodputs(self, ok: list[Cand]) -> dict[tuple, tuple[float, dict | None]]:
         """First-seed goodput of each confirmed candidate, searched from R upward (cost at goodput), with the
-        summary of its run at that goodput (`sim.studies.plan.goodputs_above`). None at N clients (not searched)."""
+        summary of its run at that goodput (`sim.studies.plan.goodputs_above`); at N clients the most clients
+        meeting the SLOs, the summary there and a flag (`sim.studies.concurrency_plan.clients_above`)."""
         if self.clients is not None:
-            return {}
+            from sim.studies.concurrency_plan import clients_above
+
+            found = clients_above(self.runner, [self.table_of(c, self.seeds[0], True) for c in ok], self.clients,
+                                  self.slo)
+            return {c.key(): f for c, f in zip(ok, found)}
         found = goodputs_above(self.runner, [self.table_of(c, self.seeds[0], True) for c in ok], self.rate, self.slo)
         return {c.key(): f for c, f in zip(ok, found)}
 
@@ -604,10 +610,12 @@ class ClusterPlan:
         row["goodput_mean_tpot_ms"] = _num(at_g.get("mean_tpot_ms")) if at_g else math.nan
         rate = self.rate
         if self.clients is not None:  # cost at what it serves at N clients (sim/studies/concurrency_plan.py)
-            from sim.studies.concurrency_plan import mean_achieved
+            from sim.studies.concurrency_plan import goodput_columns, mean_achieved
 
             rate = row["rate_rps"] = row["achieved_rps"] = mean_achieved(summ)
             row["concurrency"] = self.clients
+            if found is not None:  # the most clients it holds: goodput_clients, goodput_rps the rate there
+                row.update(goodput_columns(*found))
         row.update(cost_columns(c.gpus, price, rate if math.isfinite(rate) else None, row["goodput_rps"]))
         if not row["meets_slo"]:
             row["note"] = "misses the SLOs in full simulation" + (
@@ -677,6 +685,9 @@ def cluster_verdict(df: pd.DataFrame, rate: float, slo_text: str, max_gpus: int,
                                  f"the {float(b['achieved_rps']):.3g} req/s it serves at {load}")
     gp, cg = b.get("goodput_rps"), b.get("cost_per_million_at_goodput")
     at_g = f" ({_money(float(cg), unit)} at its goodput {gp:.3g} req/s)" if gp == gp and cg == cg else ""
+    m = b.get("goodput_clients")
+    if at_g and clients is not None and m == m and m is not None:
+        at_g = f" ({_money(float(cg), unit)} at the most clients it holds, {m:.0f}, serving {gp:.3g} req/s)"
     text = [head, f"Fewest GPUs: {b['deployment']} on {int(b['gpus'])} GPUs ({int(b['nodes'])} node"
                   f"{'s' if int(b['nodes']) > 1 else ''}, {b['mode']}), margin {100 * b['margin']:.1f}% "
                   f"(95% CI {100 * b['margin_ci_lo']:.1f}% to {100 * b['margin_ci_hi']:.1f}%), {at_rate}{at_g}."]

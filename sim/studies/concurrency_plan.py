@@ -29,10 +29,17 @@ Cost: `cost_per_million_at_rate` is taken at the candidate's achieved throughput
 number (the rate the row's cost and plot point are at). A run stopped early once it certainly misses has
 no achieved rate (NaN), as its percentiles.
 
-`--verify` re-simulates the recommendation at N clients with `VERIFY_FACTOR` x its probe's requests (at
-least `VERIFY_MIN_REQUESTS`), no early stop, and says whether it holds (sim/studies/plan_verify.py). The
-goodput column (the most clients meeting the SLOs) is not searched in this mode: `ppsim goodput
---concurrency LO:HI` finds it for one deployment.
+Goodput in users (`clients_above`, as rate mode's `goodputs_above`): for each candidate meeting the SLOs on
+every seed, the most clients meeting them, first seed, searched from N upward: N doubled until a level misses
+(at most `CLIENTS_CAP` x N; one still passing there is flagged), then bisection on the integers until the
+highest passing level is within 10% of the lowest failing one (sim/studies/plan.py `GOODPUT_RESOLUTION`).
+Each level holds `MIN_ROUNDS` requests per client (sim/studies/concurrency.py `with_concurrency`), failing
+runs stopped once certain to miss. `goodput_clients` is that level, `goodput_rps` the rate achieved there,
+`cost_per_million_at_goodput` the cost at it (efficiency at the most users it holds).
+
+`--verify` re-simulates the recommendation at N clients and the `VERIFY_TOP` candidates holding the most
+clients at theirs, with `VERIFY_FACTOR` x their probe's requests (at least `VERIFY_MIN_REQUESTS`), no early
+stop, and says whether each holds (sim/studies/plan_verify.py).
 """
 
 from __future__ import annotations
@@ -41,8 +48,8 @@ import copy
 import math
 
 from sim.core.errors import ConfigError
-from sim.studies.concurrency import MIN_ROUNDS
-from sim.studies.plan_verify import TABLE, VERIFY_FACTOR, VERIFY_MIN_REQUESTS
+from sim.studies.concurrency import MIN_ROUNDS, with_concurrency
+from sim.studies.plan_verify import TABLE, VERIFY_FACTOR, VERIFY_MIN_REQUESTS, VERIFY_TOP
 from sim.studies.sweep import tail_requests
 
 UNIT = "concurrent clients"
@@ -50,7 +57,10 @@ RULE = ("among those meeting the SLOs at N concurrent clients on every seed (sus
         "GPUs, then cost per hour, then margin")
 COST_NOTE = ("cost columns: cost_per_hour = GPUs x price; cost_per_million_at_rate = at the candidate's achieved "
              "throughput at N clients (achieved_rps = completed / duration, its rate_rps); "
-             "cost_per_million_at_goodput is not searched in concurrency mode")
+             "cost_per_million_at_goodput = at the rate it achieves with the most clients meeting the SLOs "
+             "(goodput_clients, goodput_rps; first seed)")
+CLIENTS_CAP = 16  # the goodput search in clients stops at 16 N (flagged when it still passes there)
+RESOLUTION = 1.1  # the highest passing level within 10% of the lowest failing one (plan.py GOODPUT_RESOLUTION)
 
 
 def check_flags(args) -> None:
@@ -132,18 +142,59 @@ def long_table(table: dict) -> dict:
 
 
 def verify(runner, rows: list[dict], clients: int, slo) -> list[dict]:
-    """The recommendation (rank 1) re-simulated at `clients` clients at length, and whether it holds."""
-    best = [r for r in rows if r.get("rank") == 1 and r.get(TABLE)]
-    if not best:
-        return []
-    r = best[0]
-    t = long_table(r[TABLE])
-    s = runner.run([t], desc="plan: verify")[0]
-    return [{"deployment": r["deployment"], "check": f"recommended, at {clients} clients", "concurrency": clients,
-             "rate_rps": achieved_rps(s), "num_requests": t["workload"].get("num_requests"),
-             "holds": bool(slo.meets(s)), "status": s.get("status"), "saturated": bool(s.get("saturated")),
+    """The recommendation (rank 1) at `clients` clients and the `VERIFY_TOP` highest `goodput_clients` at
+    theirs, re-simulated at length (`long_table`), and whether each holds."""
+    chosen = [(r, f"recommended, at {clients} clients", clients)
+              for r in rows if r.get("rank") == 1 and r.get(TABLE)][:1]
+    good = [r for r in rows if r.get(TABLE) and _finite(r.get("goodput_clients")) and r["goodput_clients"] > 0]
+    good.sort(key=lambda r: -r["goodput_clients"])
+    chosen += [(r, f"most clients, at {int(r['goodput_clients'])}", int(r["goodput_clients"]))
+               for r in good[:VERIFY_TOP]]
+    tables = [long_table(with_concurrency(r[TABLE], n)) for r, _what, n in chosen]
+    results = runner.run(tables, desc="plan: verify") if tables else []
+    return [{"deployment": r["deployment"], "check": what, "concurrency": n, "rate_rps": achieved_rps(s),
+             "num_requests": t["workload"].get("num_requests"), "holds": bool(slo.meets(s)),
+             "status": s.get("status"), "saturated": bool(s.get("saturated")),
              "offered_rate_rps": s.get("offered_rate_rps"), "completion_rate_rps": s.get("completion_rate_rps"),
-             "margin": slo.margin(s), **{k: s.get(k) for k in slo.keys()}}]
+             "margin": slo.margin(s), **{k: s.get(k) for k in slo.keys()}}
+            for (r, what, n), t, s in zip(chosen, tables, results)]
+
+
+def _finite(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def clients_above(runner, tables: list[dict], n: int, slo,
+                  desc: str = "plan: most clients") -> list[tuple[int, dict | None, str]]:
+    """For each table (a closed loop of `n` clients on its seed, meeting the SLOs there): (the most clients
+    meeting the SLOs, the summary of its run, a flag) by the search of the module docstring. A table missing
+    the SLOs at `n` gets (0, None, "")."""
+    k = len(tables)
+    lo, hi = [0] * k, [math.inf] * k
+    at: list[dict | None] = [None] * k
+    cap = CLIENTS_CAP * int(n)
+    probes = [(i, int(n)) for i in range(k)]
+    while probes:
+        res = runner.run([with_concurrency(tables[i], m) for i, m in probes], desc=desc)
+        for (i, m), out in zip(probes, res):
+            if slo.meets(out):
+                lo[i], at[i] = m, out
+            else:
+                hi[i] = m
+        probes = []
+        for i in range(k):
+            if lo[i] <= 0:
+                continue
+            if math.isinf(hi[i]):
+                m = min(2 * lo[i], cap)
+            elif hi[i] / lo[i] > RESOLUTION and hi[i] - lo[i] > 1:
+                m = int(round(math.sqrt(lo[i] * hi[i])))
+            else:
+                continue
+            if lo[i] < m < hi[i]:
+                probes.append((i, m))
+    return [(lo[i], at[i], f"passes at {cap} clients (the search's cap, {CLIENTS_CAP} N): at least"
+             if lo[i] >= cap else "") for i in range(k)]
 
 
 def plan_rows(runner, cands: list[dict], load, slo, seeds: list[int], price: dict, within: float,
@@ -190,7 +241,26 @@ def plan_rows(runner, cands: list[dict], load, slo, seeds: list[int], price: dic
         elif len(summ) < len(seeds):
             row["note"] = (f"{len(summ)} seed: first-seed margin {margin1[i]:+.0%} is more than {within:.0%} from "
                            f"the SLO boundary and from the best of its cost")
-        row["goodput_rps"] = math.nan
-        row.update(cost_columns(c["gpus"], price[c["interconnect"]], got if math.isfinite(got) else None, math.nan))
         rows.append(row)
+    # the most clients each holds (first seed), for those meeting the SLOs on every seed
+    meets = [i for i, r in enumerate(rows) if r["meets_slo"]]
+    found = clients_above(runner, [table(*items[i], seeds[0]) for i in meets], load.clients, slo)
+    for i, found_i in zip(meets, found):
+        rows[i].update(goodput_columns(*found_i))
+    for i, row in enumerate(rows):
+        c, got = items[i][0], row["achieved_rps"]
+        for k, v in goodput_columns(0, None, "").items():  # (missing the SLOs at N: none searched)
+            row.setdefault(k, v)
+        row.update(cost_columns(c["gpus"], price[c["interconnect"]], got if math.isfinite(got) else None,
+                                row["goodput_rps"]))
     return rows
+
+
+def goodput_columns(most: int, summary: dict | None, flag: str) -> dict:
+    """A row's goodput in users: `goodput_clients`, the rate achieved there (`goodput_rps`), its mean TPOT
+    (the plot's x) and the search's flag."""
+    ok = most > 0 and summary is not None
+    return {"goodput_clients": most if ok else math.nan,
+            "goodput_rps": achieved_rps(summary) if ok else math.nan,
+            "goodput_mean_tpot_ms": float(summary["mean_tpot_ms"]) if ok and summary.get("mean_tpot_ms") is not None
+            else math.nan, "goodput_flag": flag}
