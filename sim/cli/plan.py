@@ -22,7 +22,7 @@ EPILOG = """examples:
   ppsim plan --model llama-3.1-70b --gpu h100-sxm-80gb --max-gpus 16 --rate 8 --slo ttft:p90:1000 --slo tpot:p90:50
       # the fewest GPUs for 8 req/s: GPU counts up to 16 on 8-GPU nodes over InfiniBand NDR, co-located or
       # disaggregated (prefill:decode), TP x PP per pool, chunk policy (sim/studies/cluster_plan.py)
-  ppsim plan --model qwen2.5-14b --gpus 2 --workload sharegpt --concurrency 16 --slo ttft:p90:1000 --slo tpot:p90:100
+  ppsim plan --model qwen2.5-14b --gpus 2 --workload azure-conv-synth --concurrency 16 --slo tpot:p90:100
       # the deployment that holds 16 concurrent users (a closed loop, as vllm bench serve --max-concurrency 16)
 """
 
@@ -106,8 +106,8 @@ def add_commands(sub) -> None:
                    help=f"number of GPUs (default 4; at most {MAX_GPUS_EXHAUSTIVE}: every split is simulated; "
                         f"--max-gpus searches larger clusters)")
     p.add_argument("--max-gpus", type=int_in(1, 4096), default=None, metavar="N",
-                   help="with --rate (or --concurrency): the fewest GPUs up to N that meet the SLOs, over nodes, co-located and "
-                        "disaggregated deployments (--gpu defaults to h100-sxm-80gb)")
+                   help="with --rate (or --concurrency): the fewest GPUs up to N that meet the SLOs, over nodes, "
+                        "co-located and disaggregated deployments (--gpu defaults to h100-sxm-80gb)")
     p.add_argument("--gpus-per-node", type=int_in(1, 64), default=8,
                    help="GPUs per node (default 8): --max-gpus places every candidate on such nodes; --gpus N "
                         "larger than it places each split on them too (the plan's nodes column)")
