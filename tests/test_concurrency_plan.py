@@ -120,6 +120,7 @@ def test_plan_at_concurrency_writes_the_unit_and_the_achieved_rate(tmp_path, cap
     txt = (out / "plan.txt").read_text()
     assert "a closed loop of 4 concurrent clients" in txt and "achieved_rps" in txt
     assert "at the candidate's achieved throughput at N clients" in txt
+    assert "ranking: among those meeting the SLOs at 4 concurrent clients on every seed" in txt
     # the default SLOs (P90 TTFT 2 s, P90 TPOT 200 ms) hold at 4 clients on one A100 (margin about 0.76)
     assert r["rank"] == 1 and "req/s it serves at 4 concurrent clients" in doc["verdict"]
     m = int(r["goodput_clients"])

@@ -804,7 +804,7 @@ def run_plan(args) -> tuple[pd.DataFrame, dict]:
     if mode == "concurrency":
         from sim.studies import concurrency_plan as cp
 
-        meta.update(concurrency=load.clients, load_unit=cp.UNIT, rule=cp.RULE, cost_note=cp.COST_NOTE)
+        meta.update(concurrency=load.clients, load_unit=cp.UNIT, rule=cp.RULE.format(n=load.clients), cost_note=cp.COST_NOTE)
     cut = df[(df.get("truncated_prompts", 0) > 0) | (df.get("clipped_outputs", 0) > 0)] \
         if "truncated_prompts" in df else df.iloc[:0]
     meta["truncation"] = [{"deployment": r["deployment"], "truncated_prompts": int(r["truncated_prompts"]),
