@@ -9,7 +9,8 @@ from sim.cli.common import SEEDS, float_in, int_in, jobs, warn
 from sim.core import fsio
 from sim.core.lazy import lazy
 from sim.core.slo import SLO, slo_from_specs
-from sim.studies.plan import MAX_GPUS_EXHAUSTIVE, POLICIES, _jsonable, plot_plan, run_plan
+from sim.studies.plan import MAX_GPUS_EXHAUSTIVE, POLICIES, _jsonable, run_plan
+from sim.studies.plan_plot import plot_plan
 
 pd = lazy("pandas")  # imported on first use (sim/core/lazy.py)
 

@@ -39,8 +39,8 @@ The search, with its stated bounds (each candidate's row says which one decided 
 4. Cost (`--price-per-gpu-hour`, else GPU-hours), one basis per column: `cost_per_hour`,
    `cost_per_million_at_rate` (serving R) and `cost_per_million_at_goodput` (at each confirmed candidate's
    goodput, first seed, searched from R upward to within 10%: `sim.studies.plan.goodputs_above`; NaN
-   where none was measured). plan.png puts each confirmed candidate at its goodput (output tokens/s per
-   GPU) and the mean TPOT of its run there (`sim.studies.plan.pareto_points`).
+   where none was measured). plan.png puts each candidate at the rate, on the ranking's basis (output
+   tokens/s per GPU against the margin; an estimate at its screen's: `sim.studies.plan_plot`).
 
 Engines (`--engine fastpp,sglang,vllm-v1,vllm-v0`, any subset; plan.csv's `engine`, `engine_version`): every
 candidate is searched per engine with that engine's own knobs: fastpp the `--policies` (the paper's chunk
@@ -596,7 +596,8 @@ class ClusterPlan:
                             "candidates with fewer GPUs were",
                     "mean_tpot_ms": _num(sc.get("mean_tpot_ms")), "mean_ttft_ms": _num(sc.get("mean_ttft_ms")),
                     **{k: _num(sc.get(k)) for k in self.slo.keys()},
-                    "screen_margin": self.slo.margin(sc) if sc else math.nan, "meets_slo": False,
+                    # not judged: only a full simulation says whether it meets the SLOs (empty in plan.csv)
+                    "screen_margin": self.slo.margin(sc) if sc else math.nan, "meets_slo": math.nan,
                     **cost_columns(c.gpus, price, self.rate if self.clients is None else None, math.nan)}
         row = {**base, "status": "ok", "reason": "", "num_seeds": len(summ), **at_rate_row(summ, self.slo),
                "note": "", TABLE: self.table_of(c, self.seeds[0], False)}

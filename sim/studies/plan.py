@@ -53,14 +53,13 @@ differed.
 
 from __future__ import annotations
 
-from sim.core.lazy import lazy, lazy_pyplot
+from sim.core.lazy import lazy
 
 import copy
 import math
 from dataclasses import dataclass
 from pathlib import Path
 
-plt = lazy_pyplot()
 pd = lazy("pandas")  # imported on first use (sim/core/lazy.py)
 np = lazy("numpy")
 
@@ -591,23 +590,51 @@ def metric_columns(slo: SLO) -> list[str]:
     return cols + [k for k in slo.keys() if k not in cols]
 
 
+def seed_margin(summary: dict, slo: SLO) -> float:
+    """One run's margin with the sign of its verdict (negative: it fails `slo.meets`): `slo.margin` (1 -
+    percentile / threshold, the smallest over the objectives; a saturated run's at most its completion
+    shortfall), and for a run failing on what that does not read, the smallest slack of its late arrivals'
+    percentiles (`late_p<q>_<metric>_ms`, part of the criterion); -inf for a run that failed, stopped or did not
+    finish, or fails with no slack to measure (saturated while completions kept pace: its queue grew)."""
+    if summary.get("status") != "ok" or summary.get("num_finished") != summary.get("num_requests"):
+        return -math.inf
+    m = slo.margin(summary)
+    if slo.meets(summary) or m < 0:
+        return m
+    late = [1 - _num(summary.get("late_" + k)) / ms for k, (_, _, ms) in zip(slo.keys(), slo.objectives())]
+    late = [v for v in late if v < 0]
+    return min(late) if late else -math.inf
+
+
+def kv_headroom(summary: dict) -> float:
+    """1 - the peak KV in use / the pool. In use: what the requests hold (their own tokens and the cached prefixes
+    they pin), `kv_peak_active_tokens`; a prefix cache keeps freed tokens as evictable cache, which an
+    allocation takes back, so `kv_peak_tokens` (free tokens only counted out) reads a full pool. A summary
+    without the active peak (an older cached run) gives `kv_peak_tokens`'."""
+    cap = summary.get("kv_capacity_tokens")
+    if not cap:
+        return math.nan
+    peak = summary.get("kv_peak_active_tokens")
+    return 1 - (peak if peak is not None else summary["kv_peak_tokens"]) / cap
+
+
 def at_rate_row(summaries: list[dict], slo: SLO) -> dict:
     """One candidate at the user's load, over its seeds: seed means of the latency columns,
-    attainment, the worst KV headroom, the margin (mean and 95% CI) and the SLO verdict."""
+    attainment, the worst KV headroom (`kv_headroom`), the margin and the SLO verdict. The margin
+    has the verdict's sign (`seed_margin`): meeting the SLOs on every seed, the mean over seeds and its 95% CI;
+    else the worst seed's (negative: by how much it misses), its CI bounds the same."""
     row = {c: float(np.nanmean([_num(s.get(c)) for s in summaries])) if any(s.get(c) is not None for s in summaries)
            else math.nan for c in metric_columns(slo)}
     row["slo_attainment"] = float(np.mean([_num(s.get("slo_attainment")) for s in summaries]))
-    heads = [1 - s["kv_peak_tokens"] / s["kv_capacity_tokens"] for s in summaries if s.get("kv_capacity_tokens")]
+    heads = [kv_headroom(s) for s in summaries if s.get("kv_capacity_tokens")]
     row["kv_headroom"] = min(heads) if heads else math.nan
-    margins = [slo.margin(s) if s.get("status") == "ok" and s.get("num_finished") == s.get("num_requests")
-               else -math.inf for s in summaries]
-    finite = [m for m in margins if math.isfinite(m)]
-    if len(finite) == len(margins):
-        row["margin"], row["margin_ci_lo"], row["margin_ci_hi"] = mean_ci(finite)
-    else:
-        row["margin"] = row["margin_ci_lo"] = row["margin_ci_hi"] = -math.inf
+    margins = [seed_margin(s, slo) for s in summaries]
     row["seeds_meeting"] = sum(slo.meets(s) for s in summaries)
     row["meets_slo"] = row["seeds_meeting"] == len(summaries)
+    if row["meets_slo"]:
+        row["margin"], row["margin_ci_lo"], row["margin_ci_hi"] = mean_ci(margins)
+    else:
+        row["margin"] = row["margin_ci_lo"] = row["margin_ci_hi"] = min(margins)
     row["run_status"] = ";".join(sorted({s.get("status") or "?" for s in summaries}))
     # what the runs cut of the requests (the context or the pool: sim/cli/run.py run_warnings), never silent
     row["truncated_prompts"] = max(int(s.get("num_truncated_prompts") or 0) for s in summaries)
@@ -962,7 +989,7 @@ def _plan_goodput(runner, cands, load, slo, seeds, price, args, sets: dict | Non
         ops.append(with_rate(t, max(0.8 * m, 0.05)))
     op_res = runner.run(ops, desc="plan: at 80% of goodput")
     for (c, policy), (m, lo, hi, flags, n), r in zip(items, stats, op_res):
-        head = (1 - r["kv_peak_tokens"] / r["kv_capacity_tokens"]) if r.get("kv_capacity_tokens") else math.nan
+        head = kv_headroom(r)
         note = "" if n == len(seeds) else (f"{n} seed: first-seed goodput below {GOODPUT_REPLICATE:.0%} of the best; "
                                            f"not replicated")
         rows.append({**c, "policy": policy, "status": "ok", "reason": "", "num_seeds": n, "note": note,
@@ -988,172 +1015,7 @@ def _warnings(r: dict, mode: str) -> str:
     if mode == "rate" and r.get("status") == "ok" and 0 < r.get("seeds_meeting", 0) < r.get("num_seeds", 0):
         w.append(f"meets the SLOs on {int(r['seeds_meeting'])} of {int(r['num_seeds'])} seeds only")
     return "; ".join(w)
-# -- outputs --------------------------------------------------------------------------------
-
-MODE_COLORS = {"colocated": "tab:blue", "disaggregated": "tab:orange"}
-NODE_MARKERS = {1: "o", 2: "s", 3: "^", 4: "D"}
-
-
-def pareto_points(df: pd.DataFrame, mode: str, out_tokens: float | None) -> pd.DataFrame:
-    """Every candidate with numbers as a point (x = tokens/s per user, 1000 / mean TPOT; y = output tokens/s
-    per GPU), `basis` saying where both were taken:
-
-    - "goodput": at the candidate's goodput (goodput mode: mean over seeds, TPOT at 80% of it; rate mode:
-      first seed, searched from the rate upward for those meeting the SLOs, TPOT of the run at it);
-    - "rate": at the rate R only, where no goodput was measured: y = R x output tokens / GPUs, an upper bound
-      on the goodput per GPU of one that misses the SLOs at R, and, for a screen estimate (the cluster plan's
-      candidates not simulated in full), what its screens promise at R.
-
-    `front`: on the Pareto frontier of the "goodput" points (no other such point at least as good in both
-    and better in one); "rate" points are never on it (every candidate runs at the same R, so their y only
-    tells the GPU count apart)."""
-    cols = ["x", "y", "basis", "front"]
-    if not out_tokens:
-        return pd.DataFrame(columns=cols)
-    pts = df[df["status"].isin(["ok", "estimated"])].copy()
-    nan = pd.Series(np.nan, index=pts.index)
-    gpus = pts["gpus"].astype(float)
-    goodput = pts["goodput_rps"].astype(float) if "goodput_rps" in pts else nan
-    if mode == "goodput":
-        g_tpot = pts["mean_tpot_ms_at_80pct"].astype(float) if "mean_tpot_ms_at_80pct" in pts else nan
-        r_tpot, rate = nan, nan
-    else:
-        g_tpot = pts["goodput_mean_tpot_ms"].astype(float) if "goodput_mean_tpot_ms" in pts else nan
-        r_tpot = pts["mean_tpot_ms"].astype(float) if "mean_tpot_ms" in pts else nan
-        rate = pts["rate_rps"].astype(float) if "rate_rps" in pts else nan
-    measured = np.isfinite(goodput) & (goodput > 0) & np.isfinite(g_tpot) & (pts["status"] == "ok")
-    pts["basis"] = np.where(measured, "goodput", "rate")
-    pts["x"] = np.where(measured, 1000.0 / g_tpot, 1000.0 / r_tpot)
-    pts["y"] = np.where(measured, goodput, rate) * out_tokens / gpus
-    pts = pts[np.isfinite(pts["x"]) & np.isfinite(pts["y"])]
-    g = pts["basis"] == "goodput"
-    xs, ys = pts.loc[g, "x"].to_numpy(), pts.loc[g, "y"].to_numpy()
-    pts["front"] = False
-    if g.any():
-        pts.loc[g, "front"] = [not np.any((xs >= x) & (ys >= y) & ((xs > x) | (ys > y))) for x, y in zip(xs, ys)]
-    return pts
-
-
-def frontier_steps(front: pd.DataFrame) -> tuple[list[float], list[float]]:
-    """The Pareto frontier of points maximising x and y as a staircase whose every corner some point attains
-    (x ascending, y descending): from each point down to the next one's y, then across to it."""
-    f = front.sort_values(["x", "y"], ascending=[True, False])
-    xs, ys = [], []
-    for x, y in zip(f["x"], f["y"]):
-        if xs:
-            xs.append(xs[-1])   # down from the previous point to this one's y: dominated by this point
-            ys.append(y)
-        xs.append(x)
-        ys.append(y)
-    return xs, ys
-
-
-def _wrap(text: str, width: int = 44) -> str:
-    import textwrap
-
-    return "\n".join(textwrap.wrap(text, width))
-
-
-def plot_plan(df: pd.DataFrame, mode: str, slo: str, path: Path, out_tokens: float | None = None,
-              rate: float | None = None, rule: str | None = None) -> None:
-    """Two panels: the Pareto frontier of output tokens/s per GPU at each candidate's goodput against tokens/s
-    per user (`pareto_points`: colour = co-located or disaggregated, marker = nodes; filled = its goodput
-    measured; hollow = at the rate only, missing the SLOs there; faint = a screen estimate at the rate; the
-    frontier a staircase through the measured points, the chosen deployment starred, with its ranking rule
-    and whether it is on the frontier), then the top 20 candidates' margin at the rate (or goodput with its
-    CI), readable; the rest are in plan.csv."""
-    pts = pareto_points(df, mode, out_tokens)
-    top = df[df["status"].isin(["ok", "estimated"])].head(20)
-    fig, (ax, bx) = plt.subplots(2, 1, figsize=(11, 6.5 + 0.32 * max(len(top), 4)),
-                                 gridspec_kw={"height_ratios": [6.5, 0.32 * max(len(top), 4) + 0.6]})
-    ranked = df["rank"] if "rank" in df else pd.Series(np.nan, index=df.index)
-    drawn = set()
-    for _, r in pts.iterrows():
-        color = MODE_COLORS.get(r.get("mode", "colocated"), "tab:gray")
-        nodes = int(r.get("nodes", 1) or 1) if r.get("nodes", 1) == r.get("nodes", 1) else 1
-        measured = r["basis"] == "goodput"
-        key = (round(r["x"], 6), round(r["y"], 6), color, nodes, measured, r["status"])
-        if key in drawn:   # (screens composed alike give many estimates one point: drawn once, not darker)
-            continue
-        drawn.add(key)
-        estimated = r["status"] == "estimated"
-        ax.scatter(r["x"], r["y"], marker=NODE_MARKERS.get(nodes, "P"), s=36 if estimated else 46, edgecolors=color,
-                   facecolors=color if measured else "none", alpha=0.4 if estimated else 1.0,
-                   linewidths=1.0 if estimated else 1.2, linestyles=":" if estimated else "-")
-    front = pts[pts["front"]]
-    if len(front):
-        fx, fy = frontier_steps(front)
-        ax.plot(fx, fy, color="k", lw=1.0, label="Pareto frontier (of the measured points)")
-    best = df[ranked == 1]
-    if len(best):
-        b = pts.loc[pts.index.intersection(best.index)]
-        name = best.iloc[0]["deployment"]
-        why = f" ({rule})" if rule else ""
-        if len(b):
-            on = bool(b["front"].iloc[0])
-            where = "on the frontier" if on else (
-                "off the frontier: chosen by the rule, not by tokens/s per GPU" if b["basis"].iloc[0] == "goodput"
-                else "at the rate: no goodput measured")
-            ax.scatter(b["x"], b["y"], marker="*", s=320, facecolors="none", edgecolors="red", linewidths=1.6,
-                       label=_wrap(f"chosen: {name}{why}; {where}"))
-        else:
-            ax.scatter([], [], marker="*", s=320, facecolors="none", edgecolors="red",
-                       label=_wrap(f"chosen: {name}{why}; not drawn (no numbers to place it)"))
-    from matplotlib.lines import Line2D
-
-    handles = [Line2D([], [], ls="", marker="o", color=c, label=m) for m, c in MODE_COLORS.items()
-               if "mode" in pts and (pts["mode"] == m).any()]
-    handles += [Line2D([], [], ls="", marker=mk, color="k", markerfacecolor="none", label=f"{n} node{'s' if n > 1 else ''}")
-                for n, mk in NODE_MARKERS.items() if "nodes" in pts and (pts["nodes"] == n).any()]
-    handles += [Line2D([], [], ls="", marker="o", color="gray", label="filled: at its goodput (measured)")]
-    load = f"{rate:g} req/s" if rate else "the rate"
-    if mode == "rate" and ((pts["basis"] == "rate") & (pts["status"] == "ok")).any():
-        handles += [Line2D([], [], ls="", marker="o", color="gray", markerfacecolor="none",
-                           label=f"hollow: misses the SLOs at {load}; drawn at it (its goodput per GPU is lower)")]
-    if (pts["status"] == "estimated").any():
-        handles += [Line2D([], [], ls="", marker="o", color="gray", markerfacecolor="none", alpha=0.35,
-                           label=f"faint: screen estimate at {load}, not simulated in full")]
-    h0, l0 = ax.get_legend_handles_labels()
-    ax.legend(h0 + handles, l0 + [_wrap(h.get_label()) for h in handles], fontsize=7, loc="upper left",
-              bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
-    ax.set_xlabel("tokens/s per user (1000 / mean TPOT, at the same load as y" +
-                  (": 80% of the goodput)" if mode == "goodput" else ")"))
-    ax.set_ylabel("output tokens/s per GPU at its goodput")
-    ax.set_title(f"ppsim plan: every candidate with numbers; {slo}", fontsize=10)
-    ax.grid(alpha=0.3)
-    if not len(pts):
-        ax.text(0.5, 0.5, "no candidate with numbers", transform=ax.transAxes, ha="center")
-    # the top 20, readable
-    y = np.arange(len(top))
-    if mode == "rate":
-        marg = top["margin"].astype(float) if "margin" in top else pd.Series(np.nan, index=top.index)
-        if "screen_margin" in top:
-            marg = marg.where(top["status"] == "ok", top["screen_margin"].astype(float))
-        vals = marg.clip(lower=-1.0).fillna(0.0) * 100
-        meets = top.get("meets_slo", pd.Series(False, index=top.index)).fillna(False).astype(bool)
-        colors = ["tab:green" if m else "tab:red" if s == "ok" else "lightgray" for m, s in zip(meets, top["status"])]
-        bx.barh(y, vals, color=colors)
-        bx.axvline(0, color="k", lw=0.8)
-        bx.set_xlabel("SLO margin at the rate, % (1 - percentile / threshold; grey: screen estimate)")
-    else:
-        vals = top["goodput_rps"].astype(float).fillna(0.0)
-        err = np.array([(vals - top["goodput_ci_lo"].fillna(vals)).clip(lower=0),
-                        (top["goodput_ci_hi"].fillna(vals) - vals).clip(lower=0)])
-        bx.barh(y, vals, xerr=err, color="tab:blue")
-        bx.set_xlabel("goodput (req/s), mean and 95% CI over seeds")
-    labels = [f"{r['deployment']} ({int(r['gpus'])} GPUs)" if r.get("gpus") == r.get("gpus") else str(r["deployment"])
-              for r in top.to_dict("records")]
-    bx.set_yticks(y, labels, fontsize=8)
-    bx.invert_yaxis()
-    left = int(df["status"].isin(["ok", "estimated"]).sum()) - len(top)
-    bx.set_title(f"top {len(top)} candidates" + (f" ({left} more, and the pruned and dropped ones, in plan.csv)"
-                                                  if left > 0 or (df["status"].isin(["pruned", "dropped"])).any()
-                                                  else ""), fontsize=10)
-    from sim.core.fsio import save_figure
-
-    fig.tight_layout()
-    save_figure(fig, path, dpi=110, bbox_inches="tight")
-    plt.close(fig)
+# -- outputs (plan.png: sim/studies/plan_plot.py) ------------------------------------------
 
 
 def _jsonable(v):
