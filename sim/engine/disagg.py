@@ -711,6 +711,7 @@ class DisaggRun:
             stage_busy=log.stage_busy, decisions=decisions, moves=moves,
             kv_capacity_tokens=dec0.sched.kv_capacity,
             kv_peak_tokens=max(x.pipe.kv_peak for x in self.instances["decode"]),
+            kv_peak_active_tokens=max(x.pipe.kv_peak_active for x in self.instances["decode"]),
             max_running_requests=dec0.sched.max_running, end_s=env.now,
             iteration_overhead_s=dec0.latency.iteration_overhead_s, host_s=log.columns["host_s"],
             extras={"stage_layers": self.layers["decode"],

@@ -253,6 +253,10 @@ class Pipeline:
         self._host_s = 0.0  # this iteration's host time (CPU, broadcast, stalls), recorded with it
         self.log = IterationLog(self.P)
         self.kv_peak = 0
+        # the peak of what the requests hold: the pool less free and evictable tokens (a prefix cache keeps
+        # freed tokens as evictable cache, so `kv_peak` reads a full pool); vLLM's kv_cache_usage and SGLang's
+        # token_usage count usage so (module docstring of sim/engine/schedulers/cached.py)
+        self.kv_peak_active = 0
         self.busy = [0.0] * self.P  # this iteration's busy time of each stage
         self.factors = (1.0,) * self.P  # this iteration's per-stage jitter (1.0: none)
         self.inflight: deque = deque([None] * self.P, maxlen=self.P)  # micro-batch in stage s
@@ -338,6 +342,7 @@ class Pipeline:
                 if decision is not None:
                     self._apply_decision(decision, now, slot)
             kv_used = sched.kv_capacity - sched.kv_free  # (sched.kv_used(), inlined)
+            kv_active = kv_used - sched.kv_evictable()
             try:
                 mb = sched.form_batch(slot, now, self._rebalance_at(now) if self.rebalancer else None)
             except RunFailed as exc:
@@ -391,7 +396,7 @@ class Pipeline:
             yield done
             end = env.now
             prev_gpu_s = max(self.busy) if mb is not None else 0.0
-            self._record(k, slot, now, end, mb, kv_used)
+            self._record(k, slot, now, end, mb, kv_used, kv_active)
             if mb is not None:
                 self.step += 1
                 if self._observe is not None:
@@ -437,11 +442,14 @@ class Pipeline:
     def stage_busy(self) -> Any:
         return self.log.stage_busy
 
-    def _record(self, k, slot, start, end, mb, kv_used) -> None:
+    def _record(self, k, slot, start, end, mb, kv_used, kv_active) -> None:
         sched = self.sched
         used = sched.kv_capacity - sched.kv_free
         if used > self.kv_peak or kv_used > self.kv_peak:
             self.kv_peak = max(self.kv_peak, used, kv_used)
+        active = used - sched.kv_evictable()
+        if active > self.kv_peak_active or kv_active > self.kv_peak_active:
+            self.kv_peak_active = max(self.kv_peak_active, active, kv_active)
         if mb is None:
             self.log.record(k, slot, start, end, "idle", 0, 0, 0, 0, sched.chunk_size, used, len(sched.waiting),
                             sched.num_active, self._host_s, self.busy)

@@ -48,6 +48,8 @@ class RunResult:
     iteration_overhead_s: float
     extras: dict = field(default_factory=dict)
     host_s: list = field(default_factory=list)  # per iteration: host time before the stages start
+    # the peak KV the requests hold (kv_peak_tokens less a prefix cache's evictable tokens; Pipeline.kv_peak_active)
+    kv_peak_active_tokens: int | None = None
 
 
 def build_latency(cfg: RunConfig, placement=None):
@@ -375,6 +377,7 @@ def run(cfg: RunConfig, requests: list[RequestSpec] | RequestArrays | None = Non
                 "; ".join(f"replica {pipes.index(p)}: {p.reason}" if n > 1 else p.reason for p in failed)),
         requests=table, iterations=log.columns, stage_busy=log.stage_busy, decisions=decisions, moves=moves,
         kv_capacity_tokens=kv, kv_peak_tokens=max(p.kv_peak for p in pipes), max_running_requests=max_running,
+        kv_peak_active_tokens=max(p.kv_peak_active for p in pipes),
         end_s=env.now, iteration_overhead_s=latency.iteration_overhead_s,
         host_s=log.columns["host_s"] if keep_iterations else [],
         extras={"stage_layers": list(getattr(latency, "layers", [])),

@@ -23,7 +23,9 @@ summary.json also carries the serving benchmarks' names with their definitions (
 `throughput_rps` = finished requests / arrival window (first to last arrival, `arrival_window_s`):
 the offered rate when every request finishes, less when a horizon leaves some unserved;
 `throughput_drain_rps` = finished / `duration_s` (first arrival to the end of the run, the drain
-included), which is vLLM's `request_throughput` for a drained run.
+included), which is vLLM's `request_throughput` for a drained run. `kv_peak_tokens` is the pool's peak
+less its free tokens; `kv_peak_active_tokens` leaves a prefix cache's evictable tokens out too (what the
+requests held: vLLM's kv_cache_usage, SGLang's token_usage), the one a KV headroom reads.
 
 iterations.csv: iteration, slot, start_s, end_s, iter_ms, host_ms (scheduler CPU, token broadcast
 and host stalls, before the stages start), mode (decode | extend | mixed |
@@ -302,6 +304,8 @@ def summarize(result) -> dict:
     out.update(it_out)
     out["kv_capacity_tokens"] = result.kv_capacity_tokens
     out["kv_peak_tokens"] = result.kv_peak_tokens
+    # what the requests held at the peak: a prefix cache's evictable tokens not counted (sim/engine/pipeline.py)
+    out["kv_peak_active_tokens"] = result.kv_peak_active_tokens
     out["max_running_requests"] = result.max_running_requests
     out["num_chunk_decisions"] = len(result.decisions)
     out["num_rebalancer_moves"] = len(result.moves)

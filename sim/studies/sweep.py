@@ -71,6 +71,7 @@ SUMMARY_FIELDS = (
     "p99_ttft_ms", "mean_tpot_ms", "p50_tpot_ms", "p90_tpot_ms", "p99_tpot_ms", "mean_e2e_ms", "p50_e2e_ms",
     "p90_e2e_ms", "p99_e2e_ms", "slo_attainment", "ttft_attainment", "tpot_attainment", "throughput_rps",
     "p50_iter_ms", "p90_iter_ms", "p99_iter_ms", "mean_iter_ms", "bubble_fraction", "kv_peak_tokens",
+    "kv_peak_active_tokens",
     "kv_capacity_tokens", "num_retractions", "duration_s", "num_iterations", "num_chunk_decisions",
     "num_rebalancer_moves", "bubble_ms_per_iter", "total_bubble_s", "prefill_tokens_per_s", "output_tokens_per_s",
     "slo_ttft_ms", "slo_tpot_ms", "slo_e2e_ms", "slo", "meets_slo", "num_late_requests", "saturated",

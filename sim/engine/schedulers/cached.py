@@ -55,6 +55,11 @@ class CachedScheduler(Scheduler):
         """Tokens an allocation can get now: free, and cached ones no request pins."""
         return self.kv_free + (self.cache.evictable if self.cache is not None else 0)
 
+    def kv_evictable(self) -> int:
+        """Cached tokens no request pins: counted as used (`kv_free` excludes them), taken back by an
+        allocation (`_make_room`)."""
+        return self.cache.evictable if self.cache is not None else 0
+
     def available_with(self, path: Any) -> int:
         """`available()` once `path` (a hit about to be pinned) no longer counts as evictable:
         both engines test a new request's room with its own prefix locked."""

@@ -112,6 +112,11 @@ class Scheduler:
     def kv_used(self) -> int:
         return self.kv_capacity - self.kv_free
 
+    def kv_evictable(self) -> int:
+        """Tokens counted as used that an allocation can take back (a prefix cache's unpinned tokens,
+        cached.py): none without a cache."""
+        return 0
+
     def _alloc(self, req: Req, tokens: int, what: str, now_s: float) -> None:
         if tokens > self.kv_free:
             raise RunFailed(
