@@ -126,6 +126,7 @@ def test_a_hundred_candidates(tmp_path):
     pts = plot_points(df, "rate", 200.0, rate=10.0)
     named = plan_plot.point_labels(pts)
     assert int(pts["front"].sum()) >= 1 and 1 <= len(named) <= plan_plot.MAX_LABELS
+    assert all(len(t) <= 4 for i, t in named.items() if not t.startswith("#1 "))  # "#12": short
     best = df[df["rank"] == 1].index[0]
     assert pts.loc[best, "front"] and named[best].startswith("#1 ")
     assert set(named) <= set(pts.index[pts["front"]])
@@ -164,3 +165,25 @@ def test_margins_have_the_verdicts_sign_by_hand():
     assert not row["meets_slo"] and row["margin"] == row["margin_ci_lo"] == pytest.approx(-0.25)
     # KV headroom reads the peak the requests hold (600 of 1000), not the pool with its evictable cache
     assert row["kv_headroom"] == pytest.approx(0.4)
+
+
+def test_one_gpu_count_puts_the_users_speed_on_y_by_hand():
+    """`--gpus N`: every candidate has N GPUs and one cost per hour, so the margin alone ranks them; y shows
+    tokens/s per user (1000 / mean TPOT at R) and the frontier is taken with x (the margin) first."""
+    rows = [{"deployment": "A", "status": "ok", "gpus": 4, "cost_per_hour": 4.0, "margin": 0.5, "margin_ci_lo": 0.45,
+             "margin_ci_hi": 0.55, "meets_slo": True, "mean_tpot_ms": 50.0},       # (50, 20): chosen
+            {"deployment": "B", "status": "ok", "gpus": 4, "cost_per_hour": 4.0, "margin": 0.2, "margin_ci_lo": 0.15,
+             "margin_ci_hi": 0.25, "meets_slo": True, "mean_tpot_ms": 20.0},       # (20, 50): faster per user
+            {"deployment": "C", "status": "ok", "gpus": 4, "cost_per_hour": 4.0, "margin": 0.1, "margin_ci_lo": 0.05,
+             "margin_ci_hi": 0.15, "meets_slo": True, "mean_tpot_ms": 40.0},       # (10, 25): dominated by B
+            {"deployment": "D", "status": "ok", "gpus": 4, "cost_per_hour": 4.0, "margin": -0.3, "meets_slo": False,
+             "mean_tpot_ms": 10.0}]                                                 # (-30, 100): misses
+    df = rank(pd.DataFrame(rows), "rate")
+    pts = plot_points(df, "rate", 100.0, rate=2.0).set_index("deployment")
+    assert pts.attrs["primary"] == "x" and "per user" in pts.attrs["y_label"]
+    assert pts.loc["A", ["x", "y"]].tolist() == pytest.approx([50.0, 20.0])
+    assert pts.loc["B", ["x", "y"]].tolist() == pytest.approx([20.0, 50.0])
+    assert sorted(pts.index[pts["front"]]) == ["A", "B"] and df.iloc[0]["deployment"] == "A"
+    # equal margins: the ranking settles the tie on the primary axis
+    tie = pd.DataFrame({"x": [30.0, 30.0], "y": [10.0, 40.0], "meets": [True, True], "rank": [1.0, 2.0]})
+    assert frontier(tie, "x").tolist() == [True, True] and frontier(tie, "y").tolist() == [False, True]
