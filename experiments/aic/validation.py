@@ -35,10 +35,12 @@ with Vidur (prefill queueing and the old engines' host paths, not kernels, domin
 down by 3-13 points; the full-load throughput of A11 (+15% -> +28%) and B13 rise with it. The cases are 2024
 engines (SGLang 0.2-0.3 with FlashInfer or Triton attention, vLLM 0.5-0.6 with NCCL all-reduce and no CUDA
 graphs for prefill) whose kernels were those of 2024: the 2026 vLLM 0.24 tables are faster than what those
-runs had, so the H100 cases getting slightly worse in the median (18.1% -> 20.6%) is the kernel era, not an
-error of either table. This is why the H100's default stays Vidur-built (profiles/README.md): the AIC
-profiles are for studies of current engines (vLLM 0.2x, SGLang 0.5), which no public measurement in the
-suite covers yet.
+runs had, so the H100 cases getting slightly worse in the median (17.7% -> 20.6%) is the kernel era, not an
+error of either table. This is why the default follows the engine's era (profiles/README.md, "Which source
+by default"): a run or plan by GPU name gives vllm-v1 and sglang the AIC profile and fastpp and vllm-v0 the
+Vidur-built one, and the validation suite gives each case the data of the release that ran, so these 2024
+cases keep Vidur's (the six SGLang ones above would take AIC by their PipeSim engine's default: this table is
+what that would do to them). The suite's current-engine H100 cases (J1-J5, vLLM 0.11 in FP8) run on AIC.
 """
 
 

@@ -51,8 +51,8 @@ QUICK_REQUESTS = 200
 COMMAND = "python experiments/validation/run.py"
 
 # The columns of report.csv, in order.
-COLUMNS = ("case", "gpu", "sim_gpu", "model", "tp", "real_engine", "sim_engine", "rate", "metric", "unit", "real",
-           "simulated", "error_pct", "scored", "what_differs", "ran_version")
+COLUMNS = ("case", "gpu", "sim_gpu", "kernel_data", "model", "tp", "real_engine", "sim_engine", "rate", "metric", "unit",
+           "real", "simulated", "error_pct", "scored", "what_differs", "ran_version")
 # The issue-43 goal for current-engine cases: this share of compared numbers within WITHIN_PCT, none beyond BEYOND_PCT.
 GOAL_SHARE, WITHIN_PCT, BEYOND_PCT = 0.85, 15.0, 50.0
 SILICON_SAMPLE = "aiconfigurator_core/systems/silicon_sample.csv"  # AIConfigurator's end-to-end measurements
@@ -116,11 +116,69 @@ def load_cases(path: Path = CASES_FILE) -> list[dict]:
         for key in c["real"]:
             if key not in METRICS:
                 raise SystemExit(f"{path}: case {c['id']}: unknown metric {key!r}; allowed: {', '.join(METRICS)}")
+    for c in cases:
+        c["sim"] = dict(c["sim"], **case_profile(c))
     if os.environ.get(PROFILES_ENV) == "aic":
         cases = [c for c in cases if aic_profile(c) is not None]
         for c in cases:
-            c["sim"] = dict(c["sim"], profile=aic_profile(c))
+            c["sim"] = dict(c["sim"], profile=aic_profile(c), data=data_label(aic_profile(c)),
+                            data_why=f"--profiles aic: the BF16 AIConfigurator twin of {c['sim']['profile']}")
     return cases
+
+
+def case_profile(case: dict) -> dict:
+    """The profile a case runs on and the kernel data behind it: {profile, data, data_why}.
+
+    The case's `profile` names its GPU, model, TP and dtypes (`profiles/built/<gpu>/<model>/tp<T>`: BF16;
+    `profiles/aic/<gpu>/vllm/<model>-<w>-kv<kv>/tp<T>`); the source is chosen as a run or plan by GPU name
+    chooses it (sim.profiling.library.choose_profile), for the era of the engine that ran: a case of a current
+    release (`current_engine`) takes the default of its PipeSim engine (AIConfigurator's data for vllm-v1 and
+    sglang where the AIC library has the shape, else Vidur's), a 2024 release Vidur's 2024 kernels (`kernel_data =
+    "vidur"`), whatever PipeSim scheduler replays it, as its other flags follow that release; `[case.sim]
+    kernel_data` overrides. Where Vidur's data is chosen the case's own built profile is kept."""
+    from sim.core.errors import PipeSimError
+    from sim.profiling.library import choose_profile, default_kernel_data
+
+    sim, prof = case["sim"], case["sim"]["profile"]
+    parts = Path(prof).parts
+    if parts[:2] == ("profiles", "built"):
+        gpu, model, tp, w, kv = parts[2], parts[3], parts[4], "bf16", "bf16"
+    elif parts[:3] == ("profiles", "aic", parts[2]) and len(parts) == 6:
+        gpu, tp = parts[2], parts[5]
+        model, w, kv = parts[4].rsplit("-", 2)
+        kv = kv.removeprefix("kv")
+    else:
+        raise SystemExit(f"{CASES_FILE}: case {case['id']}: profile {prof!r} is not a library profile "
+                         f"(profiles/built/... or profiles/aic/...)")
+    era = sim.get("kernel_data") or ("" if case.get("current_engine") else "vidur")
+    where = f"{CASES_FILE.name} case {case['id']} kernel_data"
+    kw = dict(engine=sim["engine"], weight_dtype=w, kv_dtype=kv, where=where)
+    try:
+        choice = choose_profile(model, gpu, int(tp[2:]), kernel_data=era, **kw)
+        default = choose_profile(model, gpu, int(tp[2:]), **kw)
+    except PipeSimError as exc:  # a bad kernel_data in cases.toml: one line, no traceback
+        raise SystemExit(str(exc)) from None
+    path = prof if choice.kernel_data == "vidur" else str(choice.path.relative_to(REPO))
+    if sim.get("kernel_data"):
+        why = "set in cases.toml"
+    elif era:
+        why = "the release that ran is of 2024 (Vidur's kernel era)"
+    else:
+        why = f"the default for {sim['engine']}" + (f" ({choice.note})" if choice.note else "")
+        if choice.kernel_data == "vidur" and default_kernel_data(sim["engine"]) == "aic" and not choice.note:
+            why += f" on a GPU the AIC library lacks ({gpu})"
+    if default.kernel_data != choice.kernel_data:
+        why += f"; PipeSim's {sim['engine']} would default to {default.kernel_data}"
+    return {"profile": path, "data": data_label(path), "data_why": why}
+
+
+def data_label(profile: str) -> str:
+    """'Vidur BF16' or 'AIC FP8 (KV FP8)': the kernel data and dtypes of a profile (its meta.toml)."""
+    meta = tomllib.loads((REPO / profile / "meta.toml").read_text())
+    p = meta["profile"]
+    w, kv = p.get("weight_dtype", "bf16").upper(), p.get("kv_dtype", "bf16").upper()
+    src = "AIC" if p.get("kernel_data") == "aic" else "Vidur"
+    return f"{src} {w}" + ("" if kv == w else f" (KV {kv})")
 
 
 PROFILES_ENV = "PIPESIM_VALIDATION_PROFILES"   # "aic": the cases with an AIConfigurator-built twin, on it
@@ -489,7 +547,7 @@ def report_rows(cases: list[dict], sims: dict) -> list[dict]:
             sim = m.get(key, math.nan)
             err = error_pct(real, sim)
             rows.append({
-                "case": c["id"], "gpu": c["gpu"].split(" (")[0], "sim_gpu": sim_gpu(c),
+                "case": c["id"], "gpu": c["gpu"].split(" (")[0], "sim_gpu": sim_gpu(c), "kernel_data": c["sim"]["data"],
                 "model": c["model"].split(" (")[0], "tp": c["tp"],
                 "real_engine": c["real_engine"].split(",")[0], "sim_engine": c["sim"]["engine"],
                 "rate": rate if rate == "inf" or str(rate).endswith(("client", "clients")) else fmt(float(rate)),
@@ -693,13 +751,19 @@ def write_report(cases: list[dict], sims: dict, toggles: dict, rows: list[dict],
     L.append("")
     L.append("Error = (simulated - real) / real. `report.csv` has every row with what differs between the run "
              "and its replay; the case notes below say it per case.")
+    L.append("")
+    L.append("Kernel data (`kernel data`, report.csv `kernel_data`): the source and dtypes of each case's profile, "
+             "chosen as a run or plan by GPU name chooses them (`sim.profiling.library.choose_profile`) for the era "
+             "of the engine that ran: a current release takes its PipeSim engine's default (AIConfigurator's tables "
+             "for vllm-v1 and sglang where the AIC library has the GPU, model, TP and dtypes; Vidur's elsewhere), a "
+             "2024 release Vidur's 2024 kernels whatever scheduler replays it. The case notes say why per case.")
     # ---- summary table
     L.append("")
     L.append("## Every compared number")
     L.append("")
-    L.append("| case | GPU (profile) | model | engine (real -> PipeSim) | rate | metric | real | simulated | error "
-             "| what differs |")
-    L.append("|---|---|---|---|---|---|---:|---:|---:|---|")
+    L.append("| case | GPU (profile) | kernel data | model | engine (real -> PipeSim) | rate | metric | real | simulated "
+             "| error | what differs |")
+    L.append("|---|---|---|---|---|---|---|---:|---:|---:|---|")
     shown = set()
     for r in rows:
         c = by_id[r["case"]]
@@ -711,8 +775,8 @@ def write_report(cases: list[dict], sims: dict, toggles: dict, rows: list[dict],
             err = f"({err} derived)"
         first = r["case"] not in shown
         shown.add(r["case"])
-        head = (f"| {r['case']} | {r['sim_gpu']}{' (inferred)' if c.get('gpu_inferred') else ''} | {r['model']} "
-                f"x{r['tp']} | {eng} | {r['rate']} |") if first else "| | | | | |"
+        head = (f"| {r['case']} | {r['sim_gpu']}{' (inferred)' if c.get('gpu_inferred') else ''} | "
+                f"{r['kernel_data']} | {r['model']} x{r['tp']} | {eng} | {r['rate']} |") if first else "| | | | | | |"
         what = METRICS[r["metric"]][1] + (" (implied: TTFT + (OSL - 1) x TPOT)" if r["scored"] == "derived" else "")
         L.append(f"{head} {what} ({r['unit']}) | {r['real']} | {r['simulated']} | {err} | "
                  f"{c.get('differs_short', '') if first else ''} |")
@@ -728,7 +792,8 @@ def write_report(cases: list[dict], sims: dict, toggles: dict, rows: list[dict],
                         "closed loop (concurrency)" if r["rate"].endswith(("client", "clients")) else
                         "Poisson arrivals"),
                        ("metric", lambda r: metric_class(r["metric"])),
-                       ("GPU", lambda r: r["sim_gpu"])):
+                       ("GPU", lambda r: r["sim_gpu"]),
+                       ("kernel data", lambda r: r["kernel_data"])):
         for name, n, mabs, med, within in _group_stats(rows, key):
             L.append(f"| {title}: {name} | {n} | {mabs:.1f}% | {med:+.1f}% | {within:.0f}% |")
     L += current_engine_section(cases, rows, load_refused(), sims, toggles)
@@ -801,8 +866,8 @@ def write_report(cases: list[dict], sims: dict, toggles: dict, rows: list[dict],
         L.append(f"- server: `{c['server']}`")
         L.append(f"- client: `{c['client']}`")
         sched = ", ".join(f"{k} = {json.dumps(v)}" for k, v in c["sim"].get("scheduler", {}).items())
-        L.append(f"- PipeSim: engine `{c['sim']['engine']}` ({c['sim']['engine_note']}); `{c['sim']['profile']}`; "
-                 f"{sched}")
+        L.append(f"- PipeSim: engine `{c['sim']['engine']}` ({c['sim']['engine_note']}); `{c['sim']['profile']}` "
+                 f"({c['sim']['data']}: {c['sim']['data_why']}); {sched}")
         wl = c["workload"]
         desc = {"sharegpt": "PipeSim's ShareGPT length model", "log": f"the log's own lengths ({wl.get('file')})",
                 "uniform": f"input U{wl.get('input_range')}, output U{wl.get('output_range')}",

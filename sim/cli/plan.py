@@ -132,6 +132,10 @@ def add_commands(sub) -> None:
     p.add_argument("--engine", type=_engine_list, default=("fastpp",), metavar="A,B",
                    help="serving engines to plan over, one more axis: any of fastpp (default), sglang, vllm-v1, "
                         "vllm-v0 (pp = 1 only), each with its own knobs (--policies; --max-gpus: sim/studies/cluster_plan.py)")
+    p.add_argument("--kernel-data", choices=("vidur", "aic"), default=None,
+                   help="the kernel data of the profiles found by --gpu: vidur or aic (default: by the engine's era: aic "
+                        "for sglang and vllm-v1 where the AIC library has the shape, vidur for fastpp and vllm-v0; "
+                        "profiles/README.md)")
     p.add_argument("--workload", default="azure-conv-synth", help="workload name or a workload TOML file")
     p.add_argument("--trace", default=None, metavar="FILE",
                    help="a CSV trace (Azure columns by default) replayed at its timestamps (scaled to --rate if given)")

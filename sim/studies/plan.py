@@ -771,6 +771,13 @@ def run_plan(args) -> tuple[pd.DataFrame, dict]:
     for fam_name, fam in families:
         for sp, eng in ((sp, eng) for sp in splits(fam, fam_name, args.model, args.gpus, mem_fraction, context)
                         for eng in engines):
+            if sp.profile:  # the data source of the engine's kernel era (sim.profiling.library.engine_profile)
+                from dataclasses import replace
+                from sim.profiling.library import engine_profile
+
+                path, note = engine_profile(sp.profile, eng, getattr(args, "kernel_data", None) or "")
+                sp = replace(sp, profile=path)
+                notes += [note] if note and note not in notes else []
             routers = ["round-robin", "least-loaded"] if sp.replicas > 1 else ["single"]
             nodes = nodes_used(gpn, [("colocated", sp.replicas, sp.tp, sp.pp)])
             for router in routers:
