@@ -41,12 +41,24 @@ def test_a_shape_the_aic_library_lacks_falls_back_to_vidur_and_says_so():
     # Llama-3.1-405B in BF16 is not in the AIC H100 library (810 GB of weights on 8 x 80 GB)
     c = choose_profile("llama-3.1-405b", H100, 8, engine="vllm-v1")
     assert c.kernel_data == "vidur" and c.path == REPO / "profiles" / "built" / H100 / "llama-3.1-405b" / "tp8"
-    assert "no llama-3.1-405b-bf16-kvbf16 TP8 profile on h100-sxm-80gb" in c.note and "\n" not in c.note
+    assert "no llama-3.1-405b-bf16-kvbf16 profile on h100-sxm-80gb" in c.note and "\n" not in c.note
     # a GPU AIC has no profiles of at all: Vidur's, no note (nothing the user could have expected)
     a100 = choose_profile("llama-3.1-8b", "a100-sxm-80gb", 1, engine="sglang")
     assert a100.kernel_data == "vidur" and a100.note == ""
     # a non-default interconnect: AIC measured one NVSwitch node
     assert choose_profile("mistral-7b", H100, 2, "pcie-nvlink-pairs", engine="vllm-v1").kernel_data == "vidur"
+
+
+def test_a_tp_the_aic_library_lacks_for_a_model_it_has_is_named(tmp_path, monkeypatch):
+    from sim.profiling import library
+
+    have = tmp_path / H100 / "vllm" / "llama-3.1-8b-bf16-kvbf16" / "tp1"
+    have.mkdir(parents=True)
+    (have / "meta.toml").write_text("")
+    monkeypatch.setattr(library, "AIC_DIR", tmp_path)
+    assert choose_profile("llama-3.1-8b", H100, 1, engine="vllm-v1").path == have
+    c = choose_profile("llama-3.1-8b", H100, 2, engine="vllm-v1")
+    assert c.kernel_data == "vidur" and "no llama-3.1-8b-bf16-kvbf16 TP2 profile on h100-sxm-80gb" in c.note
 
 
 def test_bad_or_impossible_sources_are_one_line_errors():

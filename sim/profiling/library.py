@@ -165,8 +165,10 @@ def _aic_gap(model: str, spec, tp: int, interconnect: str | None, weight_dtype: 
     if interconnect and interconnect != spec.default_interconnect:
         return (f"AIConfigurator's {spec.name} tables were measured on one {spec.default_interconnect} node, "
                 f"not {interconnect}")
-    if not (aic_dir(AIC_DIR, spec, "vllm", model, weight_dtype, kv_dtype, tp) / "meta.toml").is_file():
-        return (f"the AIConfigurator library has no {profile_name(model, weight_dtype, kv_dtype)} TP{tp} profile "
+    path = aic_dir(AIC_DIR, spec, "vllm", model, weight_dtype, kv_dtype, tp)
+    if not (path / "meta.toml").is_file():  # (the model at no TP: one message for all, as a plan repeats it)
+        at = f" TP{tp}" if path.parent.is_dir() else ""
+        return (f"the AIConfigurator library has no {profile_name(model, weight_dtype, kv_dtype)}{at} profile "
                 f"on {spec.name} (profiles/aic/index.csv lists them)")
     return ""
 
