@@ -209,3 +209,8 @@ def test_max_gpus_plans_every_engine(tmp_path):
     assert pruned["reason"].str.contains("has no disaggregated prefill").any()
     assert df["deployment"].str.endswith("[sglang]").any()
     assert df[df["rank"] == 1].iloc[0]["status"] == "ok"
+    # each engine on its kernel era's data (profiles/README.md "Which source by default")
+    for eng, root in (("fastpp", "profiles/built/"), ("vllm-v0", "profiles/built/"), ("sglang", "profiles/aic/"),
+                      ("vllm-v1", "profiles/aic/")):
+        assert cands.loc[cands["engine"] == eng, "profile"].str.startswith(root).all(), eng
+

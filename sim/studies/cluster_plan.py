@@ -48,7 +48,9 @@ policies and delay scheduling); sglang and vllm-v1 their default token budget (`
 max_num_batched_tokens) and the static budgets of `--policies` (their own knob), any other policy of
 `--policies` a what-if, labelled so (a rebalancer, FastPP's, pruned); vllm-v0 its default only, at PP 1, co-located
 only (0.6.3.post1 has no disaggregated prefill). Disaggregated pools run the engine's scheduler with its
-hand-off (`handoff`, sim/engine/disagg.py). The engines' candidates are ranked together.
+hand-off (`handoff`, sim/engine/disagg.py). Each engine's instances run on the kernel data of its era
+(`ClusterPlan.engine_shapes`, sim/profiling/library.py: on the H100 AIConfigurator's for sglang and vllm-v1,
+Vidur's for fastpp and vllm-v0; `--kernel-data` overrides). The engines' candidates are ranked together.
 
 Ranking: confirmed candidates meeting the SLOs on every seed (sustained: not saturated), by fewest GPUs,
 then cost per hour, then margin (mean over seeds); those of the best one's GPU count whose margin CI overlaps its are tied.
@@ -271,6 +273,7 @@ class ClusterPlan:
         self.engines = list(getattr(args, "engine", None) or ["fastpp"])
         self.rows: list[dict] = []
         self.pruned = 0
+        self.notes: list[str] = []  # where an engine's kernel data fell back to Vidur's (plan.json interconnect_notes)
         from sim.latency.cluster import ClusterSpec, profile_hardware
 
         self._hw: dict[str, tuple] = {}
@@ -360,9 +363,24 @@ class ClusterPlan:
         self.pruned += 1
         self.rows.append({**base, "status": "pruned", "reason": reason})
 
+    def engine_shapes(self, shapes: list[Shape], engine: str) -> list[Shape]:
+        """`shapes` on the data source of `engine`'s kernel era (sim.profiling.library.engine_profile; on the
+        H100: AIC for sglang and vllm-v1, Vidur for fastpp and vllm-v0; `--kernel-data` overrides)."""
+        from dataclasses import replace
+
+        from sim.profiling.library import engine_profile
+
+        out = []
+        for s in shapes:
+            path, note = engine_profile(s.profile, engine, getattr(self.args, "kernel_data", None) or "")
+            self.notes += [note] if note and note not in self.notes else []
+            out.append(replace(s, profile=path))
+        return out
+
     # -- the search ----------------------------------------------------------------------------------------
     def run(self, shapes: list[Shape]) -> list[dict]:
         R, N, slo = self.rate, self.N, self.slo
+        eshapes = {e: self.engine_shapes(shapes, e) for e in self.engines}
         seed = self.seeds[0]
         ttft_only = SustainedSLO(ttft_ms=slo.ttft_ms, ttft_percentile=slo.ttft_percentile, tpot_ms=RELAXED_MS,
                         tpot_percentile=slo.tpot_percentile)
@@ -370,7 +388,7 @@ class ClusterPlan:
         usable: dict[str, list[Shape]] = {}
         for e in self.engines:
             usable[e] = []
-            for s in shapes:
+            for s in eshapes[e]:
                 if e == "vllm-v0" and s.pp > 1:
                     self._prune({"mode": "-", "tp": s.tp, "pp": s.pp, "policy": "-", "profile": s.profile,
                                  "engine": e, "deployment": f"instance {s.text()}{engine_tag(e, '-')}"},
@@ -398,15 +416,15 @@ class ClusterPlan:
                         lambda k, s=s, pol=pol, e=e: self.coloc_table(s, 1, pol, R / k, seed, True, e),
                         slo.meets)))
         # decode pools: ample prefill of the largest prefill shape that fits one node
-        pfast = max(shapes, key=lambda s: (s.pp == 1, s.tp, -s.pp))
-        pbound = self.bound(pfast, "prompt")
+        pfast = {e: max(eshapes[e], key=lambda s: (s.pp == 1, s.tp, -s.pp)) for e in self.engines}
+        pbound = {e: self.bound(pfast[e], "prompt") for e in self.engines}
 
-        def ample_prefill(rate: float, dshape: Shape | None = None) -> int:
+        def ample_prefill(rate: float, e: str, dshape: Shape | None = None) -> int:
             if self.clients is not None:  # `rate` is clients: the decode instance's bound caps their rate, and
                 # one prefill instance per client never queues a prompt
-                return max(1, min(math.ceil(self.bound(dshape, "output") / (PREFILL_SHARE * pbound)),
+                return max(1, min(math.ceil(self.bound(dshape, "output") / (PREFILL_SHARE * pbound[e])),
                                   math.ceil(rate - 1e-9)))
-            return max(1, math.ceil(rate / (PREFILL_SHARE * pbound)))
+            return max(1, math.ceil(rate / (PREFILL_SHARE * pbound[e])))
 
         dengines = [e for e in self.engines if e != "vllm-v0"]
         if "vllm-v0" in self.engines:
@@ -417,7 +435,7 @@ class ClusterPlan:
         dsearch: dict[tuple, CountSearch] = {}
         for e in dengines:
             dpol = "static-2048" if e == "fastpp" else ENGINE_DEFAULT
-            for s in shapes:
+            for s in eshapes[e]:
                 lo = self.least(self.bound(s, "output"))
                 hi = (N - 1) // s.gpus
                 base = {"mode": "disaggregated", "tp": s.tp, "pp": s.pp, "policy": "-", "profile": s.profile,
@@ -432,8 +450,8 @@ class ClusterPlan:
                     continue
                 dsearch[s, e] = CountSearch(
                     f"decode {s.text()}{engine_tag(e, '-')}", lo, hi,
-                    lambda D, s=s, e=e, dpol=dpol: self.disagg_table(pfast, ample_prefill(R / D, s), dpol, s, 1, R / D,
-                                                                     seed, True, engine=e),
+                    lambda D, s=s, e=e, dpol=dpol: self.disagg_table(pfast[e], ample_prefill(R / D, e, s), dpol, s, 1,
+                                                                     R / D, seed, True, engine=e),
                     slo.meets)
         run_searches(self.runner, [x for _, _, x in searches] + list(dsearch.values()), "plan: screens")
         # prefill pools: ample decode of the best decode shape (fewest GPUs for R) of the same engine
@@ -444,7 +462,7 @@ class ClusterPlan:
             if dbest is None:
                 continue
             dcount = dsearch[dbest, e].best
-            for s in shapes:
+            for s in eshapes[e]:
                 lo = self.least(self.bound(s, "prompt"))
                 hi = (N - dbest.gpus) // s.gpus
                 for pol in engine_policies(e, self.policies):
@@ -788,7 +806,7 @@ def run_cluster_plan(args) -> tuple[pd.DataFrame, dict]:
     meta = {"mode": "rate", "model": args.model, "gpus": args.max_gpus, "max_gpus": args.max_gpus,
             "gpus_per_node": args.gpus_per_node, "network": args.network, "gpu": fam.name,
             "slo": slo.describe(), "seeds": len(seeds), "rate_rps": load.rate_rps, "load": load.note,
-            "workload_warnings": list(load.changes), "interconnect_notes": [], "tokens_per_request": tokens["total"], "output_tokens_per_request":
+            "workload_warnings": list(load.changes), "interconnect_notes": plan.notes, "tokens_per_request": tokens["total"], "output_tokens_per_request":
             tokens["output"], "pruned": plan.pruned, "kv_transfer": args.kv_transfer,
             "first_token": args.first_token, "policies": list(args.policies), "engines": engines,
             "engine_versions": {e: engine_version(e) for e in engines},
