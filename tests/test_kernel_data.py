@@ -118,3 +118,20 @@ def test_validation_cases_take_the_data_of_the_era_that_ran():
     assert j1["data"] == "AIC FP8" and j1["data_why"] == "the default for vllm-v1"
     g1 = by_id["G1"]["sim"]  # vLLM 0.20.1 on an A100 40GB: no AIC profile
     assert g1["data"] == "Vidur BF16" and "lacks (a100-pcie-40gb)" in g1["data_why"]
+
+
+def test_a_plans_fallback_is_one_warning_on_stderr(tmp_path, capsys, monkeypatch):
+    # vllm-v1 on Llama-3.1-405B in BF16 on H100s: no AIC profile at any TP, Vidur's instead, said once
+    import json
+
+    from sim.cli import main
+
+    monkeypatch.setenv("PIPESIM_CACHE", str(tmp_path / "cache"))  # TP1-TP4 are built there (not shipped)
+
+    out = tmp_path / "p"
+    assert main(["plan", "--model", "llama-3.1-405b", "--gpu", H100, "--gpus", "8", "--quick", "--rate", "100000",
+                 "--engine", "vllm-v1", "--seeds", "1", "--no-progress", "--out", str(out)]) == 0
+    err = [ln for ln in capsys.readouterr().err.splitlines() if "AIConfigurator" in ln]
+    assert len(err) == 1 and err[0].startswith("ppsim: warning: vllm-v1 takes AIConfigurator's kernel data")
+    assert "no llama-3.1-405b-bf16-kvbf16 profile on h100-sxm-80gb" in err[0] and err[0].endswith("Vidur's data instead")
+    assert json.loads((out / "plan.json").read_text())["kernel_data_notes"] == [err[0].removeprefix("ppsim: warning: ")]

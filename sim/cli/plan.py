@@ -230,6 +230,8 @@ def cmd_plan(args) -> int:
     df, meta = run_plan(args)
     for text in meta.get("workload_warnings", []):  # (heard once in run_plan; the runs' workers are silent)
         warn(text)
+    for text in meta.get("kernel_data_notes", []):  # a current engine on Vidur's data: not what it would expect
+        warn(text)
     mode, slo = meta["mode"], slo_from_specs(args.slo, SLO(ttft_ms=args.slo_ttft_ms, tpot_ms=args.slo_tpot_ms))
     fsio.write_frame(df, out / "plan.csv", index=False, float_format="%.6g")
     doc = {**meta, "candidates": [{k: _jsonable(v) for k, v in r.items()} for r in df.to_dict("records")]}

@@ -273,7 +273,7 @@ class ClusterPlan:
         self.engines = list(getattr(args, "engine", None) or ["fastpp"])
         self.rows: list[dict] = []
         self.pruned = 0
-        self.notes: list[str] = []  # where an engine's kernel data fell back to Vidur's (plan.json interconnect_notes)
+        self.notes: list[str] = []  # where an engine's kernel data fell back to Vidur's (plan.json kernel_data_notes)
         from sim.latency.cluster import ClusterSpec, profile_hardware
 
         self._hw: dict[str, tuple] = {}
@@ -806,7 +806,8 @@ def run_cluster_plan(args) -> tuple[pd.DataFrame, dict]:
     meta = {"mode": "rate", "model": args.model, "gpus": args.max_gpus, "max_gpus": args.max_gpus,
             "gpus_per_node": args.gpus_per_node, "network": args.network, "gpu": fam.name,
             "slo": slo.describe(), "seeds": len(seeds), "rate_rps": load.rate_rps, "load": load.note,
-            "workload_warnings": list(load.changes), "interconnect_notes": plan.notes, "tokens_per_request": tokens["total"], "output_tokens_per_request":
+            "workload_warnings": list(load.changes), "interconnect_notes": [], "kernel_data_notes": plan.notes,
+            "tokens_per_request": tokens["total"], "output_tokens_per_request":
             tokens["output"], "pruned": plan.pruned, "kv_transfer": args.kv_transfer,
             "first_token": args.first_token, "policies": list(args.policies), "engines": engines,
             "engine_versions": {e: engine_version(e) for e in engines},

@@ -732,7 +732,7 @@ def run_plan(args) -> tuple[pd.DataFrame, dict]:
             raise ConfigError(f"--interconnect both with --gpus {args.gpus} > --gpus-per-node {gpn}: the like-for-like "
                               f"profiles name no hardware to place on nodes; allowed: --gpus <= {gpn}, or one "
                               f"interconnect")
-    families, notes = [], []
+    families, notes, kernel_notes = [], [], []
     if args.gpu:
         families = [(Path(args.gpu).name, family_dir(args.gpu))]
     else:
@@ -777,7 +777,7 @@ def run_plan(args) -> tuple[pd.DataFrame, dict]:
 
                 path, note = engine_profile(sp.profile, eng, getattr(args, "kernel_data", None) or "")
                 sp = replace(sp, profile=path)
-                notes += [note] if note and note not in notes else []
+                kernel_notes += [note] if note and note not in kernel_notes else []
             routers = ["round-robin", "least-loaded"] if sp.replicas > 1 else ["single"]
             nodes = nodes_used(gpn, [("colocated", sp.replicas, sp.tp, sp.pp)])
             for router in routers:
@@ -829,7 +829,7 @@ def run_plan(args) -> tuple[pd.DataFrame, dict]:
     df = df.drop(columns=[TABLE], errors="ignore")
     meta = {"mode": mode, "model": args.model, "gpus": args.gpus, "slo": slo.describe(), "seeds": len(seeds),
             "rate_rps": None if load.rate_rps is None else load.rate_rps * load.per_unit, "load": load.note,
-            "interconnect_notes": notes, "requests_per_rate_unit": load.per_unit,
+            "interconnect_notes": notes, "kernel_data_notes": kernel_notes, "requests_per_rate_unit": load.per_unit,
             "workload_warnings": list(load.changes),
             "tokens_per_request": tokens, "output_tokens_per_request": load.tokens["output"],
             "gpus_per_node": gpn, "network": network if args.gpus > gpn else None,
