@@ -13,7 +13,9 @@ Each case of `cases.toml` (source, engine and version that ran, GPU, model, TP, 
 and the published numbers, verbatim) is simulated once on seed 1 with the PipeSim engine that case
 names; every published metric is compared with the same statistic computed the way the benchmark
 client computes it (`client_metrics`). Nothing is fitted to these cases: the profiles and engines
-are used as shipped, and misses are reported as found.
+are used as shipped, and misses are reported as found. Each case's kernel data (Vidur's or AIConfigurator's,
+and the dtypes) is chosen as a plan by GPU name chooses it, for the era of the release that ran
+(`case_profile`); the report says which per case.
 
 The full-load study (`TOGGLES`) re-runs every offline case (rate inf) with one cost at a time
 switched: CUDA-graph padding, the memory outside the KV pool, the per-request and per-iteration
