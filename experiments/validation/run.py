@@ -149,9 +149,12 @@ def case_profile(case: dict) -> dict:
         gpu, tp = parts[2], parts[5]
         model, w, kv = parts[4].rsplit("-", 2)
         kv = kv.removeprefix("kv")
+    elif parts[:2] == ("profiles", "moe"):  # the MoE library: one source per shape (profiles/moe/README.md)
+        return {"profile": prof, "data": "MoE library (Vidur dense, measured experts) " + data_label(prof).split(" ", 1)[1],
+                "data_why": "the MoE library's profile (its sources: profiles/moe/README.md)"}
     else:
         raise SystemExit(f"{CASES_FILE}: case {case['id']}: profile {prof!r} is not a library profile "
-                         f"(profiles/built/... or profiles/aic/...)")
+                         f"(profiles/built/..., profiles/aic/... or profiles/moe/...)")
     era = sim.get("kernel_data") or ("" if case.get("current_engine") else "vidur")
     where = f"{CASES_FILE.name} case {case['id']} kernel_data"
     kw = dict(engine=sim["engine"], weight_dtype=w, kv_dtype=kv, where=where)
