@@ -13,6 +13,9 @@ sharded by TP and balanced routing in profiles/moe/<gpu>/vllm/<model>-<weights>-
 AIConfigurator's skewed routing in <model>-<weights>-kv<kv>-power_law_1.2/tp<T>/, `ROUTINGS`), plus
 profiles/moe/index.csv: one row per profile with its expert kernel and its roofline ratio.
 
+Expert-parallel layouts (`EP_GPUS`, `EPS`; sim/core/ep.py): ep = tp, moe_tp = 1, attention TP-sharded, in
+<model>-<weights>-kv<kv>[-power_law_1.2]/tp<T>-ep<T>/, from the table's (moe_tp 1, ep) rows.
+
 The A100 (`A100_GPUS`, BF16) is built by `build_moe_profile_a100`: Vidur's A100 data for the dense parts, the
 A100 MoE table of `sim.profiling.moe.A100_MOE_TABLE` (or Frontier's reduced table,
 profiles/moe/sources/frontier_a100_mixtral_8x7b_moe.csv, where `FRONTIER_USED` says) for the experts, at the TPs
@@ -51,6 +54,10 @@ INPUTS = ("README.md", "sources")       # files of profiles/moe/ that the build 
 # in sibling folders <model>-<weights>-kv<kv>-power_law_1.2/; a run picks one by its profile path. Not for the
 # A100 (model, TP) pairs whose balanced curve is Frontier's (it has no skewed rows).
 ROUTINGS = ("balanced", "power_law_1.2")
+# Expert parallelism at data-parallel attention 1 (ep = tp; sim/core/ep.py), where AIConfigurator's vLLM table has
+# (moe_tp 1, ep) rows for the model: the H100, EP 2, 4 and 8
+EP_GPUS = ("h100-sxm-80gb",)
+EPS = (2, 4, 8)
 
 
 def jobs():
@@ -65,7 +72,7 @@ def jobs():
                 for tp in allowed_tps(model, TPS):
                     if not model.moe.expert_intermediate_size % tp and fits_somewhere(sized, gpu, tp):
                         for dist in ROUTINGS:
-                            yield gpu, model, w, kv, tp, dist
+                            yield gpu, model, w, kv, tp, dist, 1
     rows, _ = a100_moe_table()
     _, _, _, ks, md = A100_MOE_TABLE
     for g in A100_GPUS:
@@ -85,26 +92,42 @@ def jobs():
                     frontier = (model.name, tp) in FRONTIER_USED
                     if (dist == "balanced" and frontier) or (
                             not frontier and tp in set(shape[shape.distribution == dist].moe_tp_size.astype(int))):
-                        yield gpu, model, "bf16", "bf16", tp, dist
+                        yield gpu, model, "bf16", "bf16", tp, dist, 1
+    yield from ep_jobs()
+
+
+def ep_jobs():
+    for g in EP_GPUS:
+        gpu = load_gpu(g)
+        for m in model_names():
+            model = load_model(m)
+            if model.moe is None:
+                continue
+            for w, kv in DTYPES:
+                for ep in EPS:
+                    if (ep in allowed_tps(model, TPS) and not model.moe.num_experts % ep
+                            and fits_somewhere(model, gpu, ep)):
+                        for dist in ROUTINGS:
+                            yield gpu, model, w, kv, ep, dist, ep
 
 
 def build(root: Path) -> list[Path]:
     from tqdm import tqdm
 
     written, rows, data = [], [], {}
-    for gpu, model, w, kv, tp, dist in tqdm(list(jobs()), desc="build_moe", unit="profile"):
-        out = moe_dir(root, gpu, ENGINE, model.name, w, kv, tp, dist)
+    for gpu, model, w, kv, tp, dist, ep in tqdm(list(jobs()), desc="build_moe", unit="profile"):
+        out = moe_dir(root, gpu, ENGINE, model.name, w, kv, tp, dist, ep)
         if gpu.name in A100_GPUS:
             prof = build_moe_profile_a100(model, gpu, tp, out, distribution=dist, compact=True)
         else:
             aic = data.setdefault(gpu.name, AicData(SYSTEMS[gpu.name], ENGINE))
             prof = build_moe_profile(model, gpu, tp, out, engine=ENGINE, weight_dtype=w, kv_dtype=kv,
-                                     distribution=dist, compact=True, aic=aic)
+                                     distribution=dist, compact=True, aic=aic, ep=ep)
         p, fe = prof.meta["profile"], prof.meta["fit_errors"]
         rows.append(",".join([gpu.name, model.name, w, kv, str(tp), str(out.relative_to(root)), p["moe_kernel"],
-                              p["moe_distribution"], f"{fe['moe_roofline_ratio_min']:.3f}"]))
+                              p["moe_distribution"], f"{fe['moe_roofline_ratio_min']:.3f}", str(ep)]))
         written.append(out)
-    header = "gpu,model,weight_dtype,kv_dtype,tp,folder,moe_kernel,distribution,moe_roofline_ratio_min"
+    header = "gpu,model,weight_dtype,kv_dtype,tp,folder,moe_kernel,distribution,moe_roofline_ratio_min,ep"
     (root / "index.csv").write_text(f"# aiconfigurator-core {package_version()}; python profiles/build_moe.py\n"
                                     + header + "\n" + "\n".join(rows) + "\n")
     return written

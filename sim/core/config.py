@@ -6,7 +6,7 @@ allowed). `--set a.b=value` overrides parse `value` as a TOML value.
 
     seed = 1
     horizon_s = 0            # 0: drain every request
-    [parallel]  pp, tp, replicas, router = "round-robin" | "least-loaded"
+    [parallel]  pp, tp, replicas, router = "round-robin" | "least-loaded", ep, attention_dp (MoE: sim/core/ep.py)
     [scheduler] chunk_size_tokens, context_length_tokens, mem_fraction, kv_tokens,
                 max_running_requests, chunk_policy = {name, params}, rebalancer = {name, params}
     [latency]   kind = "profile" | "constant", profile = "<dir>", variance, noise_cv, stage_ms, overhead_ms,
@@ -76,6 +76,9 @@ class ParallelConfig:
     tp: int = bounded(1, 1, MAX_TP, integer=True)
     replicas: int = bounded(1, 1, MAX_REPLICAS, integer=True)
     router: str = "round-robin"
+    # MoE expert parallelism (sim/core/ep.py); None: absent (1), kept out of the echoed config
+    ep: int | None = bounded(None, 1, MAX_TP, integer=True)
+    attention_dp: int | None = bounded(None, 1, MAX_TP, integer=True)
 
     def validate(self, where: str) -> None:
         for key in ("pp", "tp", "replicas"):
@@ -83,6 +86,8 @@ class ParallelConfig:
                 raise ConfigError(f"{where}: [parallel] {key} must be >= 1, got {getattr(self, key)}")
         if self.router not in ROUTERS:
             raise ConfigError(f"{where}: [parallel] router must be one of: {', '.join(ROUTERS)}; got {self.router!r}")
+        from sim.core.ep import check_ep_layout
+        check_ep_layout(self.tp, self.ep or 1, self.attention_dp or 1, where)
 
 
 ENGINES = ("fastpp", "sglang", "vllm-v1", "vllm-v0")
@@ -250,6 +255,8 @@ class RunConfig:
             self.frontend.validate(where)
         if self.cluster is not None:
             check_cluster_table(self.cluster, where)
+        from sim.core.ep import check_ep_placement
+        check_ep_placement(self.parallel.ep or 1, self.cluster, self.disaggregation is not None, where)
         if self.disaggregation is not None:
             self.disaggregation.validate(where)
             if self.cluster is None:

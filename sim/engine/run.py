@@ -18,6 +18,7 @@ from sim.engine.records import IterationLog
 from sim.engine.requests import RequestArrays, RequestTable
 from sim.engine.schedulers import EngineSettings, Hardware, engine as engine_for
 from sim.core.errors import ConfigError
+from sim.core.ep import check_profile_ep
 from sim.core.lazy import lazy
 from sim.latency.constant import ConstantLatencyModel  # noqa: F401  (registers "constant")
 from sim.latency.profiled import Profile, ProfiledLatencyModel
@@ -65,6 +66,7 @@ def build_latency(cfg: RunConfig, placement=None):
         raise ConfigError(
             f"config [parallel] tp = {cfg.parallel.tp} but profile {lat.profile} is for tp = {profile.tp}"
         )
+    check_profile_ep(cfg.parallel.ep or 1, profile.meta, str(lat.profile))
     return ProfiledLatencyModel(profile, pp, noise_cv=lat.noise_cv, seed=cfg.seed, variance=lat.variance,
                                 placement=placement)
 

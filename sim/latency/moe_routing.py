@@ -23,6 +23,16 @@ Stated assumption, not a fit: a run's routing is the distribution of its profile
 every step and layer. With experts sharded by TP every rank holds a slice of every expert and does the same
 work whatever the routing, so no rank is busier than another; skew acts only through the kernel's time at the
 skewed per-expert loads, which the table measures.
+
+With expert parallelism (ep ranks of E / ep whole experts each, vLLM's `determine_expert_map` "linear"
+placement: rank r holds experts r E/ep .. (r+1) E/ep - 1) the ranks' loads differ and the layer lasts as long as
+its busiest rank (every rank waits in the all-reduce that ends the layer). Stated assumption, not a fit: that
+busiest rank is what the table measures. AIConfigurator's collector times EP rank 0 after swapping the
+most-loaded rank's experts into rank 0 (`collector/helper.py` `_generate_power_law_distribution`, "Find EP rank
+with max load and swap to rank 0"; `collector/vllm/collect_moe.py` builds rank 0's `determine_expert_map(ep, 0,
+E)` and feeds it all T tokens), so its power-law EP rows are the busiest rank's time; under `balanced` every rank
+gets T k / ep slots. `busiest_rank(E, k, T, ep, distribution)` gives that rank's expected slots and distinct
+experts (the mean over the same `DRAWS` seeded draws), for the roofline floor of an EP profile.
 """
 
 from __future__ import annotations
@@ -97,3 +107,33 @@ def touched_experts(num_experts: int, top_k: int, tokens: float, distribution: s
     if alpha is None or tokens <= 0:
         return expected_experts(num_experts, top_k, tokens)
     return _power_law_touched(num_experts, top_k, int(math.ceil(tokens)), alpha)
+
+
+@lru_cache(maxsize=65536)
+def _power_law_busiest(num_experts: int, top_k: int, tokens: int, ep: int, alpha: float) -> tuple[float, float]:
+    rng = np.random.default_rng(SEED)
+    u = rng.random((DRAWS, num_experts))
+    draws = [busiest_of(power_law_slots(tokens, num_experts, top_k, alpha, row), ep) for row in u]
+    return float(np.mean([d[0] for d in draws])), float(np.mean([d[1] for d in draws]))
+
+
+def busiest_of(slots: np.ndarray, ep: int) -> tuple[int, int]:
+    """(slots, distinct experts) of the rank with the most slots when `slots` (per expert) are split over `ep`
+    ranks of len(slots) / ep consecutive experts; the first such rank on ties (the collector's argmax)."""
+    per_rank = np.asarray(slots).reshape(ep, len(slots) // ep)
+    busiest = per_rank[int(np.argmax(per_rank.sum(axis=1)))]
+    return int(busiest.sum()), int(np.count_nonzero(busiest))
+
+
+def busiest_rank(num_experts: int, top_k: int, tokens: float, ep: int,
+                 distribution: str = "balanced") -> tuple[float, float]:
+    """(expected slots, expected distinct experts) of the busiest of `ep` expert-parallel ranks when `tokens`
+    tokens are routed under `distribution` (module docstring); ep = 1 is the whole layer."""
+    if ep < 1 or num_experts % ep:
+        raise DataError(f"ep {ep}: must divide the {num_experts} experts")
+    alpha = power_law_alpha(distribution)
+    if tokens <= 0:
+        return 0.0, 0.0
+    if alpha is None:
+        return tokens * top_k / ep, touched_experts(num_experts, top_k, tokens) / ep
+    return _power_law_busiest(num_experts, top_k, int(math.ceil(tokens)), ep, alpha)

@@ -52,7 +52,7 @@ pd = lazy("pandas")
 
 from sim.core import fsio, tomlio
 from sim.core.errors import DataError
-from sim.latency.moe_routing import DISTRIBUTIONS, touched_experts
+from sim.latency.moe_routing import DISTRIBUTIONS, busiest_rank, touched_experts
 from sim.profiling.aic import (COMPACT_COLS, GRID_MAX_TOKENS, MODULE, PACKAGE, SYSTEMS, AicData, build_aic_profile,
                                fp8_slower_points, package_version, profile_name)
 from sim.profiling.kernels import gemm_shapes
@@ -71,6 +71,10 @@ A100_GPUS = ("a100-sxm-80gb",)
 FRONTIER_CSV = MOE_DIR / "sources" / "frontier_a100_mixtral_8x7b_moe.csv"
 FRONTIER_USED = {("mixtral-8x7b", 1)}   # (model, TP) whose A100 expert curve is Frontier's, not AIConfigurator's
 SLOW_BOUND = 3.0                         # a point this many times its roofline floor is reported (profile check's)
+# the [moe] layout of an EP profile (sim/core/ep.py)
+EP_LAYOUT = ("expert parallel over the TP group (vLLM --enable-expert-parallel at data-parallel size 1): moe_tp = 1, "
+             "{local} whole experts per rank, attention TP-sharded; no dispatch (every rank holds the step's tokens), "
+             "one all-reduce over the {ep} ranks after the layer (combine); the busiest rank sets the expert time")
 LAYER_COLS = ["qkv_proj", "o_proj", "router", "moe_experts", "rope", "rmsnorm_x2", "residual_add", "linear_ms",
               "layer_nonattn_ms"]
 
@@ -134,39 +138,44 @@ def table_curve(df: pd.DataFrame, rel: str, ks: str, md: str, model: ModelArch, 
 
 
 def expert_floor_ms(model: ModelArch, tokens: np.ndarray, gpu: GpuSpec, dtype_bytes: int, peak_tflops: float,
-                    moe_tp: int, distribution: str = "balanced") -> np.ndarray:
+                    moe_tp: int, distribution: str = "balanced", ep: int = 1) -> np.ndarray:
     """The routed experts' roofline floor per token count (ms): max(the weights of the experts the tokens touch
-    under `distribution` / HBM bandwidth, 2 x tokens x top-k x expert parameters / peak), one TP shard."""
+    under `distribution` / HBM bandwidth, 2 x tokens x top-k x expert parameters / peak), one TP shard; with
+    ep > 1 the busiest expert-parallel rank's experts and slots (`sim.latency.moe_routing.busiest_rank`)."""
     m = model.moe
     out = []
     for t in tokens:
-        touched = touched_experts(m.num_experts, m.top_k, float(t), distribution)
+        if ep == 1:
+            touched = touched_experts(m.num_experts, m.top_k, float(t), distribution)
+            slots = float(t) * m.top_k
+        else:
+            slots, touched = busiest_rank(m.num_experts, m.top_k, float(t), ep, distribution)
         mem = touched * model.expert_params / moe_tp * dtype_bytes / (gpu.hbm_bw_gbps * 1e9)
-        comp = 2.0 * float(t) * m.top_k * model.expert_params / moe_tp / (peak_tflops * 1e12)
+        comp = 2.0 * slots * model.expert_params / moe_tp / (peak_tflops * 1e12)
         out.append(max(mem, comp) * 1e3)
     return np.array(out)
 
 
 def expert_curve_on_grid(model: ModelArch, tokens_moe: np.ndarray, ms_moe: np.ndarray, grid: np.ndarray,
                          gpu: GpuSpec, dtype_bytes: int, peak_tflops: float, moe_tp: int,
-                         distribution: str) -> tuple[np.ndarray, str]:
+                         distribution: str, ep: int = 1) -> tuple[np.ndarray, str]:
     """The expert curve on the profile's token grid: linear in (log tokens, log ms) between the measured token
     counts, and never below its roofline floor (an interpolated point can fall below it where the routing's
     touched experts jump between two measured counts, as AIConfigurator's power law does when the T k slots
     first outnumber the experts); (ms, the lifted points as text, '' when none)."""
     interp = interp_loglog_curve(tokens_moe, ms_moe, grid)
-    floor = expert_floor_ms(model, grid, gpu, dtype_bytes, peak_tflops, moe_tp, distribution)
+    floor = expert_floor_ms(model, grid, gpu, dtype_bytes, peak_tflops, moe_tp, distribution, ep)
     lifted = ", ".join(f"{int(t)}: {f / i - 1:+.1%}" for t, i, f in zip(grid, interp, floor) if f > i)
     return np.maximum(interp, floor), lifted
 
 
 def data_checks(model: ModelArch, tokens: np.ndarray, ms: np.ndarray, gpu: GpuSpec, dtype_bytes: int,
                 peak_tflops: float, moe_tp: int, slower: tuple[np.ndarray, np.ndarray] | None,
-                distribution: str = "balanced") -> dict:
+                distribution: str = "balanced", ep: int = 1) -> dict:
     """Each measured point against its roofline floor (the weights of the experts the tokens touch under the
     table's routing `distribution` over HBM bandwidth, their FLOPs over the dtype's peak), and against the same
     tokens at moe_tp / 2 (`slower`)."""
-    floor = expert_floor_ms(model, tokens, gpu, dtype_bytes, peak_tflops, moe_tp, distribution)
+    floor = expert_floor_ms(model, tokens, gpu, dtype_bytes, peak_tflops, moe_tp, distribution, ep)
     ratio = ms / floor
     out = {"roofline_ratio_min": float(ratio.min()), "roofline_ratio_max": float(ratio.max()),
            "slow_points": [f"{int(t)}: {r:.1f}x" for t, r in zip(tokens, ratio) if r > SLOW_BOUND]}
@@ -183,21 +192,37 @@ def data_checks(model: ModelArch, tokens: np.ndarray, ms: np.ndarray, gpu: GpuSp
     return out
 
 
+def ep_vs_tp_sharded(tokens: np.ndarray, ms: np.ndarray, twin: tuple[np.ndarray, np.ndarray]) -> str:
+    """The EP curve against its TP-sharded twin (same GPUs, moe_tp = tp, ep 1) at the token counts both have, as
+    text for [derivation] moe_checks: the ratio range and the points where EP is not faster."""
+    tt, tms = twin
+    here, other = dict(zip(tokens.tolist(), ms.tolist())), dict(zip(tt.tolist(), tms.tolist()))
+    common = sorted(set(here) & set(other))
+    if not common:
+        return "; no token counts in common with the TP-sharded layout"
+    r = [here[t] / other[t] for t in common]
+    slower = [f"{int(t)}: {q:.2f}x" for t, q in zip(common, r) if q >= 1]
+    return (f"; EP / TP-sharded layout (moe_tp = tp, ep 1) at {len(common)} token counts: {min(r):.2f}x..{max(r):.2f}x"
+            + (f", not faster at {', '.join(slower)}" if slower else ", faster at every one"))
+
+
 def _fmt(x: float) -> str:
     return f"{x:.5g}"
 
 
 def moe_dir(root: Path, gpu: GpuSpec, engine: str, model: str, weight_dtype: str, kv_dtype: str, tp: int,
-            distribution: str = "balanced") -> Path:
+            distribution: str = "balanced", ep: int = 1) -> Path:
     name = profile_name(model, weight_dtype, kv_dtype) + ("" if distribution == "balanced" else f"-{distribution}")
-    return root / gpu.name / engine / name / f"tp{tp}"
+    return root / gpu.name / engine / name / (f"tp{tp}" if ep == 1 else f"tp{tp}-ep{ep}")
 
 
 def build_moe_profile(model: ModelArch, gpu: GpuSpec, tp: int, out: str | Path, engine: str = "vllm",
                       weight_dtype: str = "bf16", kv_dtype: str = "bf16", distribution: str = "balanced",
-                      compact: bool = False, aic: AicData | None = None):
-    """Write the profile of MoE `model` on `gpu` at TP `tp` (experts sharded by TP) to `out`; return the loaded
-    `Profile`."""
+                      compact: bool = False, aic: AicData | None = None, ep: int = 1):
+    """Write the profile of MoE `model` on `gpu` at TP `tp` to `out`; return the loaded `Profile`. ep = 1:
+    experts sharded by TP (moe_tp = tp); ep = tp: expert parallelism across the TP group at data-parallel
+    attention 1 (moe_tp = 1, num_experts / ep whole experts per rank, sim/core/ep.py), the expert curve the
+    table's (moe_tp 1, ep) rows, whose power-law rows time the busiest rank (sim/latency/moe_routing.py)."""
     from sim.latency.profiled import Profile
     from sim.profiling.profile_io import check_staged
 
@@ -213,15 +238,22 @@ def build_moe_profile(model: ModelArch, gpu: GpuSpec, tp: int, out: str | Path, 
     model.check_tp(tp)
     if m.expert_intermediate_size % tp:
         raise DataError(f"--tp {tp}: does not divide the expert FFN ({m.expert_intermediate_size}) of {model.name}")
+    if ep not in (1, tp) or m.num_experts % ep:
+        raise DataError(f"--ep {ep}: allowed: 1 or the TP degree ({tp}), dividing the {m.num_experts} experts of "
+                        f"{model.name} (sim/core/ep.py)")
+    moe_tp = tp if ep == 1 else 1
     aic = aic or AicData(SYSTEMS[gpu.name], engine)
     table = AicMoe(aic)
-    tokens_moe, ms_moe = table.curve(model, weight_dtype, tp, 1, distribution)
+    tokens_moe, ms_moe = table.curve(model, weight_dtype, moe_tp, ep, distribution)
     slower = None
-    if tp > 1:
+    if tp > 1 and ep == 1:
         try:
             slower = table.curve(model, weight_dtype, tp // 2, 1, distribution)
         except DataError:
             slower = None
+    # EP against its TP-sharded twin (same GPUs, moe_tp = tp, ep 1) at the token counts both have
+    vs_tp = ep_vs_tp_sharded(tokens_moe, ms_moe, table.curve(model, weight_dtype, tp, 1, distribution)) \
+        if ep > 1 else ""
     # the dense parts: the AIC builder on the model's attention shape (its MLP columns are replaced below)
     proxy = dataclasses.replace(model, moe=None, intermediate_size=m.expert_intermediate_size)
     with tempfile.TemporaryDirectory(prefix="pipesim-moe-") as tmp:
@@ -240,15 +272,15 @@ def build_moe_profile(model: ModelArch, gpu: GpuSpec, tp: int, out: str | Path, 
     layer["router"] = router.to_numpy(float)
     dtype_bytes = 1 if weight_dtype == "fp8" else 2
     peak = gpu.peak_tflops(weight_dtype)
-    layer["moe_experts"], lifted = expert_curve_on_grid(model, tokens_moe, ms_moe, grid, gpu, dtype_bytes, peak, tp,
-                                                        distribution)
+    layer["moe_experts"], lifted = expert_curve_on_grid(model, tokens_moe, ms_moe, grid, gpu, dtype_bytes, peak,
+                                                        moe_tp, distribution, ep)
     for col in ("rope", "rmsnorm_x2", "residual_add"):
         layer[col] = dense[col]
     layer["linear_ms"] = layer[["qkv_proj", "o_proj", "router", "moe_experts"]].sum(axis=1)
     layer["layer_nonattn_ms"] = layer[["linear_ms", "rope", "rmsnorm_x2", "residual_add"]].sum(axis=1)
     if layer.isna().any().any():
         raise DataError(f"{aic.rel('gemm', 'gemm_perf.parquet')}: router GEMM rows missing on the token grid")
-    checks = data_checks(model, tokens_moe, ms_moe, gpu, dtype_bytes, peak, tp, slower, distribution)
+    checks = data_checks(model, tokens_moe, ms_moe, gpu, dtype_bytes, peak, moe_tp, slower, distribution, ep)
     md, ks = MOE_KERNELS[engine][weight_dtype]
     moe_path = table.rel
     version = package_version()
@@ -259,23 +291,24 @@ def build_moe_profile(model: ModelArch, gpu: GpuSpec, tp: int, out: str | Path, 
     pm, mm = meta["profile"], meta["model"]
     pm["data_source"] = (f"AIConfigurator measured kernels ({PACKAGE} {version}, {aic.system}, {engine} {aic.version}; "
                          f"weights {weight_dtype}, KV cache {kv_dtype}); MoE experts from {ks} ({distribution} "
-                         f"routing); attention fitted")
+                         f"routing{'' if ep == 1 else f', expert parallel ep {ep}'}); attention fitted")
     pm["moe_kernel"], pm["moe_dtype"], pm["moe_distribution"] = ks, md, distribution
     pm["sources"] = list(dict.fromkeys([moe_path, *pm["sources"]]))
     mm["intermediate_size"] = m.expert_intermediate_size
     mm["layer_params"] = model.layer_params
     meta["moe"] = {"num_experts": m.num_experts, "top_k": m.top_k,
                    "expert_intermediate_size": m.expert_intermediate_size, "expert_params": model.expert_params,
-                   "router_params": model.hidden_size * m.num_experts, "moe_tp": tp, "ep": 1,
-                   "layout": "experts sharded by TP (moe_tp = tp, ep = 1): one all-reduce after the layer",
+                   "router_params": model.hidden_size * m.num_experts, "moe_tp": moe_tp, "ep": ep,
+                   "layout": "experts sharded by TP (moe_tp = tp, ep = 1): one all-reduce after the layer"
+                   if ep == 1 else EP_LAYOUT.format(ep=ep, local=m.num_experts // ep),
                    "distribution": distribution, "router_dtype": m.router_dtype}
     der = meta["derivation"]
     der["layer_nonattn"] = (
         f"qkv_proj, o_proj, rope, rmsnorm_x2, residual_add: {der['layer_nonattn'].split('; act, rope')[0]} "
         f"(the MLP GEMMs of that derivation are not used); router: the BF16 GEMM table at "
         f"{m.num_experts}x{model.hidden_size} ({router_how}); moe_experts: {moe_path} {ks} {md} rows for hidden "
-        f"{model.hidden_size}, inter {m.expert_intermediate_size}, top-{m.top_k} of {m.num_experts}, moe_tp {tp}, "
-        f"ep 1, {distribution} (median per num_tokens over {len(tokens_moe)} token counts "
+        f"{model.hidden_size}, inter {m.expert_intermediate_size}, top-{m.top_k} of {m.num_experts}, moe_tp {moe_tp}, "
+        f"ep {ep}, {distribution} (median per num_tokens over {len(tokens_moe)} token counts "
         f"{int(tokens_moe[0])}..{int(tokens_moe[-1])}), linear in (log tokens, log ms) between them; the table's "
         f"points past the grid vs the log-log line of the last segment: "
         + (", ".join(f"{int(t)}: {p / v - 1:+.1%}" for t, p, v in
@@ -286,7 +319,8 @@ def build_moe_profile(model: ModelArch, gpu: GpuSpec, tp: int, out: str | Path, 
                          + (f"; over {SLOW_BOUND:g}x: {', '.join(checks['slow_points'])}" if checks["slow_points"] else "")
                          + ("" if slower is None else
                             ("; not faster than at moe_tp " + str(tp // 2) + ": " + ", ".join(checks["tp_not_faster"])
-                             if checks["tp_not_faster"] else f"; faster than moe_tp {tp // 2} at every token count")))
+                             if checks["tp_not_faster"] else f"; faster than moe_tp {tp // 2} at every token count"))
+                         + vs_tp)
     der["dtypes"] = der["dtypes"] + f"; experts {md} ({ks}), router BF16"
     if weight_dtype == "fp8":
         der["suspect_rows"] = (f"FP8 GEMM slower than its BF16 twin at {len(suspects)} (op, tokens) points of the "
