@@ -20,7 +20,12 @@ layer's all-reduce (`sdk/models/blocks/moe.py` `build_moe_block_ops`). This modu
   columns are replaced by the router GEMM and the expert curve.
 - **Layout**: experts sharded by TP (vLLM's and SGLang's default without `--enable-expert-parallel` /
   `--ep-size`): moe_tp = tp, ep = 1, one all-reduce after the MoE layer as after a dense MLP. The memory
-  model holds every expert, each split over TP (`ModelArch.layer_params_per_gpu`).
+  model holds every expert, each split over TP (`ModelArch.layer_params_per_gpu`). Or (`ep` = tp) expert
+  parallelism at data-parallel attention 1 (sim/core/ep.py): moe_tp = 1, num_experts / ep whole experts per GPU
+  (the same bytes), the table's (moe_tp 1, ep) rows, which time the busiest rank (sim/latency/moe_routing.py),
+  against a floor of that rank's experts and slots (`busiest_rank`); the dense parts and the all-reduce (now
+  the combine) as the TP-sharded layout's; each EP curve is compared with its TP-sharded twin
+  (`ep_vs_tp_sharded`, in [derivation] moe_checks).
 - **Checks** (`data_checks`): each curve point against the roofline floor that reads only the experts the
   tokens touch under the table's routing (`sim.latency.moe_routing.touched_experts`), and whether the curve
   gets faster with TP (the table's rows at moe_tp / 2), both written into the profile's [derivation].
