@@ -208,3 +208,33 @@ def test_ep_profiles_run_under_the_engine(folder):
     t["latency"]["profile"] = f"{EP_DIR}/{folder}"
     res = run(config_from_table(t, "test"), keep_iterations=False)
     assert res.status == "ok" and len(request_columns(res)["status"]) == 4
+
+
+def test_slowest_rank_sets_the_ep_floor_under_skew():
+    """Mixtral ep 2, power_law_1.2, 4096 tokens (compute bound): the floor is the busiest rank's slots s x 2 x
+    expert parameters over the BF16 peak, s / (T k / ep) times the mean rank's, which the TP-sharded layout's
+    floor equals (T k slots each split over 2 GPUs)."""
+    from sim.latency.hardware import load_gpu
+    from sim.profiling.moe import expert_floor_ms
+
+    m, gpu = load_model("mixtral-8x7b"), load_gpu("h100-sxm-80gb")
+    peak = gpu.peak_tflops("bf16")
+    s, _ = busiest_rank(8, 2, 4096, 2, "power_law_1.2")
+    ep = expert_floor_ms(m, np.array([4096]), gpu, 2, peak, 1, "power_law_1.2", ep=2)[0]
+    assert ep == pytest.approx(2 * s * 176_160_768 / (peak * 1e12) * 1e3)
+    tp = expert_floor_ms(m, np.array([4096]), gpu, 2, peak, 2, "power_law_1.2")[0]
+    assert ep / tp == pytest.approx(s / (4096 * 2 / 2)) and s > 4096
+    # deterministic: the same seeded draws every call
+    assert busiest_rank(8, 2, 4096, 2, "power_law_1.2") == (s, _)
+
+
+@aic_only
+def test_cli_ep_flag_refuses_unmodelled_layouts(tmp_path, capsys):
+    from sim.cli import main as ppsim
+
+    rc = ppsim(["profile", "build", "--data", "aic", "--model", "qwen3-30b-a3b", "--gpu", "h100-sxm-80gb",
+                "--tp", "4", "--ep", "2", "--out", str(tmp_path / "p")])
+    assert rc == 2 and "--ep 2: allowed: 1 or the TP degree (4)" in capsys.readouterr().err
+    rc = ppsim(["profile", "build", "--model", "llama-3.1-8b", "--gpu", "a100-sxm-80gb", "--tp", "2", "--ep", "2",
+                "--out", str(tmp_path / "q")])
+    assert rc == 2 and "allowed: with --data aic" in capsys.readouterr().err

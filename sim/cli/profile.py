@@ -372,8 +372,11 @@ def cmd_build(args) -> int:
                                f"measured on one {gpu.default_interconnect} node; allowed: {gpu.default_interconnect}")
         # an MoE model: its experts from AIConfigurator's MoE tables (sim/profiling/moe.py, experts sharded by TP)
         build = build_moe_profile if model.moe is not None else build_aic_profile
+        if args.ep is not None and model.moe is None:
+            raise PipeSimError(f"profile build --ep {args.ep}: {model.name} is not a mixture-of-experts model")
+        extra = {"ep": args.ep} if args.ep is not None else {}
         prof = build(model, gpu, args.tp, args.out, engine=args.engine or "vllm",
-                     weight_dtype=args.weight_dtype or "bf16", kv_dtype=args.kv_dtype or "bf16")
+                     weight_dtype=args.weight_dtype or "bf16", kv_dtype=args.kv_dtype or "bf16", **extra)
         p, fe = prof.meta["profile"], prof.meta["fit_errors"]
         print(f"wrote {args.out}: {model.name} on {gpu.display}, TP{args.tp}; {p['data_source']}")
         print(f"  GEMMs measured: {', '.join(fe['gemm_measured_ops']) or 'none'}; interpolated: "
@@ -385,6 +388,9 @@ def cmd_build(args) -> int:
             print(f"  MoE: {prof.meta['derivation']['moe_checks']}")
         _print_check(prof)
         return 0
+    if args.ep is not None:
+        raise PipeSimError(f"profile build --ep {args.ep}: expert parallelism is built from AIConfigurator's "
+                           f"tables; allowed: with --data aic")
     if gpu.kernel_data == "aic":
         raise PipeSimError(f"profile build --gpu {gpu.name}: no Vidur kernel data for this GPU; allowed: --data aic")
     ic = load_interconnect(args.interconnect or gpu.default_interconnect)
@@ -557,6 +563,8 @@ def add_commands(subparsers) -> None:
     p.add_argument("--interconnect", default=None, metavar="IC", help="an interconnect of "
                    "profiles/interconnects/ (default: the GPU's)")
     p.add_argument("--tp", type=_pp, default=None, help="tensor-parallel degree of the profile")
+    p.add_argument("--ep", type=_pp, default=None, help="--data aic, an MoE model: expert-parallel size, 1 "
+                   "(experts sharded by TP, default) or --tp (sim/core/ep.py)")
     p.add_argument("--out", default=None, help="profile directory to write")
     p.add_argument("--all", action="store_true", help="rebuild the shipped library profiles/built/")
     p.add_argument("--data", choices=("vidur", "aic"), default="vidur", help="kernel-data source: vidur (the "
