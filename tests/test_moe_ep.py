@@ -238,3 +238,14 @@ def test_cli_ep_flag_refuses_unmodelled_layouts(tmp_path, capsys):
     rc = ppsim(["profile", "build", "--model", "llama-3.1-8b", "--gpu", "a100-sxm-80gb", "--tp", "2", "--ep", "2",
                 "--out", str(tmp_path / "q")])
     assert rc == 2 and "allowed: with --data aic" in capsys.readouterr().err
+
+
+def test_the_runs_context_names_the_ep_layout():
+    from sim.core.config import config_from_table
+    from sim.outputs.context import describe
+
+    assert describe(config_from_table(_table(ep=2), "cfg.toml"))["deployment"].startswith(
+        "TP2 (EP2: experts split whole over the TP group) x PP1 x 1 replica = 2 GPUs")
+    t = _table()
+    t["latency"]["profile"] = f"{EP_DIR}/mixtral-8x7b-bf16-kvbf16/tp2"
+    assert describe(config_from_table(t, "cfg.toml"))["deployment"].startswith("TP2 x PP1 x 1 replica = 2 GPUs")

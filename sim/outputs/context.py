@@ -112,7 +112,8 @@ def describe(cfg, requests: Sequence | None = None) -> dict[str, str]:
         out.update(model="n/a", gpu=f"constant latency model ({lat.stage_ms} ms per stage, "
                                     f"{lat.overhead_ms} ms overhead)", interconnect="n/a")
     gpus = par.tp * par.pp * par.replicas
-    dep = f"TP{par.tp} x PP{par.pp} x {par.replicas} replica{'s' if par.replicas > 1 else ''} = {gpus} GPUs"
+    ep = f" (EP{par.ep}: experts split whole over the TP group)" if (getattr(par, "ep", None) or 1) > 1 else ""
+    dep = f"TP{par.tp}{ep} x PP{par.pp} x {par.replicas} replica{'s' if par.replicas > 1 else ''} = {gpus} GPUs"
     if par.replicas > 1:
         dep += f", {par.router} router"
     dg = getattr(cfg, "disaggregation", None)
