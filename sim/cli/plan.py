@@ -325,7 +325,6 @@ def _print_cluster(df, meta, args, out, slo) -> int:
     print("\n" + meta["verdict"])
     fsio.write_text(out / "recommendation.txt", meta["verdict"] + "\n")
     fsio.write_text(out / "plan.txt", _plan_text(df, meta, cols))
-    fsio.write_text(out / "plan.txt", _plan_text(df, meta, cols))
     print(f"\nwrote {out}/plan.csv, plan.json, plan.png, plan.txt, recommendation.txt" + (f" and {args.json}" if args.json else ""))
     return 0
 
