@@ -94,3 +94,68 @@ def test_vllm_v1_preempts_when_blocks_run_out_not_tokens():
     assert [r.rid for r, *_ in mbs[0].prefill] == [0, 1]  # counted in tokens, c (8 <= 24) would join
     first_c = next(k for k, mb in enumerate(mbs) if mb is not None and any(r is c for r, *_ in mb.prefill))
     assert first_c >= 3 and a.finish_s is not None
+
+
+def test_vllm_v0_ignores_a_prompt_that_can_never_fit_by_hand():
+    """vLLM 0.6.3 `_schedule_prefills` + `BlockSpaceManagerV2.can_allocate`: a pool of 100 blocks
+    keeps a watermark of int(0.01 x 100) = 1 block, so a sequence of more than 99 blocks
+    (> 1584 tokens) is NEVER: FINISHED_IGNORED, out of the queue, while the next one runs."""
+    from sim.engine.schedulers.vllm_v0 import VllmV0Scheduler
+    from tests.conftest import make_req
+    from tests.test_engines import drive
+
+    s = VllmV0Scheduler(1, 1600, 256, 2048)
+    done = []
+    s.on_finish = done.append
+    a, b = make_req(0, 1585, output=5), make_req(1, 1584, output=3)  # 100 blocks; 99 blocks
+    mbs = drive(s, [a, b], 6)
+    assert a.state == "ignored" and a.finish_s == 0.0 and a.out_len == 0 and a.first_token_s is None
+    assert [r.rid for r, *_ in mbs[0].prefill] == [1] and b.finished  # b, behind it, runs at once
+    assert [r.rid for r in done] == [0, 1] and s.num_ignored == 1 and s.is_idle()
+
+
+def test_vllm_v0_ignores_a_preempted_request_grown_past_the_pool():
+    """A lone request outgrowing the pool preempts itself (recompute); re-queued as prompt +
+    outputs, 1500 + 101 tokens need 101 blocks > 99: ignored with the 101 tokens it streamed."""
+    from sim.engine.schedulers.vllm_v0 import VllmV0Scheduler
+    from tests.conftest import make_req
+    from tests.test_engines import drive
+
+    s = VllmV0Scheduler(1, 1600, 256, 2048)
+    d = make_req(3, 1500, output=300)
+    drive(s, [d], 120)
+    # prompt 1500 + 100 decode slots fill the 100 blocks; the 101st token finds no block
+    assert d.state == "ignored" and d.num_retractions == 1 and d.out_len == 101 and d.fill_len == 1601
+    assert s.kv_free == 1600 and s.num_active == 0 and s.is_idle()
+
+
+def test_vllm_v0_run_with_never_fitting_prompts_completes_and_reports_them(tmp_path):
+    """Before: the run stopped as stuck at the first prompt of over 1584 tokens."""
+    import json
+
+    import pandas as pd
+
+    out = tmp_path / "run"
+    code, stdout, err = invoke(["run", str(REPO / "experiments/configs/default.toml"), "--engine", "vllm-v0",
+                                "--set", "parallel.pp=1", "--set", "scheduler.chunk_size_tokens=0", "--set",
+                                "scheduler.kv_tokens=1600", "--set", "workload.num_requests=40", "--out", str(out)])
+    assert code == 0, err
+    summary = json.loads((out / "summary.json").read_text())
+    req = pd.read_csv(out / "requests.csv")
+    ignored = req[req["status"] == "ignored"]
+    assert summary["status"] == "ok" and summary["num_ignored"] == len(ignored) > 0
+    # every prompt was cut to 1594 tokens (the pool less 6): those over 1584 are ignored, the rest finish
+    assert (ignored["prompt_tokens"].clip(upper=1594) > 1584).all() and (ignored["generated_tokens"] == 0).all()
+    assert summary["num_finished"] + summary["num_ignored"] == 40 and summary["completed"] == summary["num_finished"]
+    assert not ignored["meets_slo"].any() and "ignored by the engine" in stdout + err
+
+
+def test_the_slo_guard_counts_an_ignored_request_against_every_objective():
+    from sim.engine.pipeline import SLOGuard
+    from tests.conftest import make_req
+
+    r = make_req(0, 100, output=5)
+    g = SLOGuard([r], ttft_s=1.0, tpot_s=0.1, e2e_s=2.0)
+    r.state, r.finish_s = "ignored", 0.0  # (no first token: the finished-request path would fail on it)
+    g.finished(r)
+    assert g.bad_done == [1, 1, 1]

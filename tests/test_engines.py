@@ -256,10 +256,16 @@ def test_vllm_v0_decodes_eagerly_beyond_max_seq_len_to_capture():
 
 
 def test_vllm_v0_whole_prompts_under_the_watermark():
+    # 1000 blocks, a 1% watermark of 10: b's 494 blocks would leave 6 of the 500 a leaves free: LATER
     s = VllmV0Scheduler(1, 16_000, 256, 16_000)
-    a = make_req(0, 15_900, output=3)  # leaves less than the 1% watermark (160 tokens): LATER
-    mbs = drive(s, [a], 2)
-    assert mbs[0] is None and list(s.waiting) == [a]
+    a, b = make_req(0, 8_000, output=3), make_req(1, 7_900, output=3)
+    mbs = drive(s, [a, b], 2)
+    assert pieces(mbs[0]) == [(0, 8_000, 0)] and list(s.waiting) == [b]
+    # alone in the pool the same shortfall is NEVER (can_allocate: total - needed < watermark): ignored
+    s = VllmV0Scheduler(1, 16_000, 256, 16_000)
+    c = make_req(2, 15_900, output=3)
+    mbs = drive(s, [c], 2)
+    assert mbs[0] is None and not s.waiting and c.state == "ignored"
 
 
 # ---------------------------------------------------------------- invariants

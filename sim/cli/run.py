@@ -128,6 +128,10 @@ def run_warnings(summary: dict, cfg=None) -> list[str]:
     if n:
         out.append(f"{n} request(s) timed out at the client ([workload] request_timeout_s): counted as failed, left "
                    f"out of every latency and throughput (requests.csv: status timed_out)")
+    n = summary.get("num_ignored") or 0
+    if n:
+        out.append(f"{n} request(s) were ignored by the engine (a prompt that can never fit its KV pool, vLLM 0.6.3's "
+                   f"FINISHED_IGNORED): left out of every latency and throughput (requests.csv: status ignored)")
     out += list(summary.get("placement_warnings") or [])  # TP groups spanning nodes (sim/engine/cluster.py)
     return out
 

@@ -24,7 +24,7 @@ from simpy.events import NORMAL
 from sim.engine.schedulers.fastpp import INIT_NEW_TOKEN_RATIO, RunFailed, Scheduler
 from sim.engine.records import IterationLog
 from sim.engine.requests import RequestTable
-from sim.engine.state import Req
+from sim.engine.state import IGNORED, Req
 from sim.engine.view import SchedulerView, batch_info
 from sim.core.lazy import lazy
 from sim.core.slo import late_from_s, need_over, need_under
@@ -150,6 +150,12 @@ class SLOGuard:
     def finished(self, r: Any) -> None:
         """Count a request that just finished (it leaves the RequestTable; its times are set)."""
         bad = self.bad_done
+        if r.state == IGNORED:
+            # dropped by the engine (vLLM 0.6.3's FINISHED_IGNORED): it meets no objective
+            bad[0] += 1
+            bad[1] += r.max_new > 1
+            bad[2] += self.e2e_s is not None
+            return
         ttft = r.first_token_s - r.arrival_s
         tpot = (r.finish_s - r.first_token_s) / (r.max_new - 1) if r.max_new > 1 else None
         e2e = r.finish_s - r.arrival_s

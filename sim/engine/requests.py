@@ -23,9 +23,9 @@ from dataclasses import dataclass
 
 from sim.core.lazy import lazy
 
-from sim.engine.state import FINISHED, RUNNING, WAITING, Req
+from sim.engine.state import FINISHED, IGNORED, RUNNING, WAITING, Req
 
-STATES = (WAITING, RUNNING, FINISHED)
+STATES = (WAITING, RUNNING, FINISHED, IGNORED)
 _STATE_CODE = {s: i for i, s in enumerate(STATES)}
 
 np = lazy("numpy")  # imported on first use (sim/core/lazy.py)

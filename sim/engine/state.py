@@ -12,8 +12,10 @@ np = lazy("numpy")  # imported on first use (sim/core/lazy.py)
 
 DECODE, EXTEND, MIXED = "decode", "extend", "mixed"
 
-# Request lifecycle states (final ones: FINISHED, and at a horizon or failure the others).
-WAITING, RUNNING, FINISHED = "waiting", "running", "finished"
+# Request lifecycle states (final ones: FINISHED, IGNORED, and at a horizon or failure the others).
+# IGNORED: the engine finished it without running it to its end (vLLM 0.6.3's FINISHED_IGNORED,
+# a prompt that can never fit: sim/engine/schedulers/vllm_v0.py).
+WAITING, RUNNING, FINISHED, IGNORED = "waiting", "running", "finished", "ignored"
 
 
 def lengths(reqs: list[Req], ctx: int = 0, total: int = 0, top: int = 0) -> tuple[int, int, int]:

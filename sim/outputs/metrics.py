@@ -8,7 +8,8 @@ one at a time, with the same numpy operations the frames would take (so the same
 without a frame's memory on a long run).
 
 requests.csv: req_id, status (finished | running | waiting | failed | not_arrived | timed_out: the
-client gave up, `request_timeout_s`), arrival_s,
+client gave up, `request_timeout_s` | ignored: the engine dropped it, vLLM 0.6.3's FINISHED_IGNORED,
+sim/engine/schedulers/vllm_v0.py), arrival_s,
 admit_s, first_token_s, finish_s, prompt_tokens, output_tokens (requested), max_new_tokens
 (after the context clip), generated_tokens, ttft_ms, tpot_ms = (e2e - ttft)/(output - 1),
 e2e_ms, num_chunks, num_retractions, slot, truncated_prompt, clipped_output, replica,
@@ -51,8 +52,8 @@ from sim.core.slo import LATE_FRACTION, late_from_s, pkey
 from sim.engine.records import ModeColumn, StageBusy
 
 
-STATUSES = ("finished", "not_arrived", "failed", "running", "waiting", "timed_out")
-FINISHED, NOT_ARRIVED, FAILED, RUNNING, WAITING, TIMED_OUT = range(len(STATUSES))
+STATUSES = ("finished", "not_arrived", "failed", "running", "waiting", "timed_out", "ignored")
+FINISHED, NOT_ARRIVED, FAILED, RUNNING, WAITING, TIMED_OUT, IGNORED = range(len(STATUSES))
 
 
 def timed_out(result, arrival, finish) -> "np.ndarray | None":
@@ -82,6 +83,9 @@ def request_columns(result, slo: SLOConfig | None = None) -> dict:
         status[:] = FAILED
     status[arrival > result.end_s] = NOT_ARRIVED
     status[finished] = FINISHED
+    # ended by the engine without its output (IGNORED in sim.engine.requests.STATES): out of every
+    # latency and throughput metric, never meeting an SLO
+    status[c["state"] == 3] = IGNORED
     gave_up = timed_out(result, arrival, finish)
     if gave_up is not None:
         # a client's failed request: out of every latency and throughput metric (success = False)
@@ -264,6 +268,10 @@ def summarize(result) -> dict:
         "num_truncated_prompts": int(req["truncated_prompt"][arrived].sum()),
         "num_clipped_outputs": int(req["clipped_output"][arrived].sum()),
     }
+    num_ignored = int((status == IGNORED).sum())
+    eng = (getattr(result, "extras", None) or {}).get("engine")
+    if num_ignored or (eng is not None and eng.engine == "vllm-v0"):
+        out["num_ignored"] = num_ignored  # the engines that drop never-fitting prompts (vLLM 0.6.3)
     if timed_out(result, req["arrival_s"], req["finish_s"]) is not None:
         out["num_timed_out"] = int((status == TIMED_OUT).sum())
     for name in ("ttft", "tpot", "e2e"):  # with the percentiles the SLO names (e.g. p95)

@@ -18,8 +18,15 @@ Read from the release wheel (vllm-0.6.3.post1, `vllm/core/scheduler.py` `_schedu
   turned on by default, a scheduler this module does not model: such a context is refused.
 NOTE: KV is whole blocks (`pool_tokens`, `BlockScheduler`); pipeline parallelism in V0 runs one
 scheduler per virtual engine with 1/pp of the blocks, which PipeSim does not model (pp = 1 only).
-A prompt that can never fit the pool (`AllocStatus.NEVER`) is ignored by vLLM (finished with no
-output); PipeSim has no ignored requests and stops the run as stuck, naming the request.
+- `core/scheduler.py` `_schedule_prefills`: a waiting request longer than the prompt limit
+  (`_get_prompt_limit`: min(max_model_len, max_num_batched_tokens)), or one whose whole sequence
+  can never fit the pool (`core/block_manager_v2.py` `BlockSpaceManagerV2.can_allocate` ->
+  `AllocStatus.NEVER`: more blocks than the pool less the watermark), is marked
+  FINISHED_IGNORED and dropped from the queue: it finishes with the tokens it has (none for a
+  new prompt; a recompute-preempted one keeps what it streamed), finish reason "length". Here
+  its state is `ignored` (requests.csv status `ignored`, summary.json `num_ignored`), out of every
+  latency and throughput metric. NOTE: vLLM's `benchmark_serving.py` would count such a request
+  as a success (HTTP 200, a `[DONE]`), with TTFT 0 (no chunk has text) and no output tokens.
 """
 
 from __future__ import annotations
@@ -29,7 +36,7 @@ from typing import Any
 from sim.core.errors import ConfigError
 from sim.engine.schedulers import EngineSettings, Hardware, pick_version, schedulers
 from sim.engine.schedulers.cached import BlockScheduler
-from sim.engine.state import DECODE, EXTEND, RUNNING, MicroBatch, Req
+from sim.engine.state import DECODE, EXTEND, IGNORED, RUNNING, MicroBatch, Req
 
 VERSIONS = {"0.6": "vLLM 0.6.3.post1 (V0, chunked prefill off)"}  # `[scheduler] engine_version`
 DEFAULT_VERSION = "0.6"
@@ -44,7 +51,13 @@ class VllmV0Scheduler(BlockScheduler):
                  on_kv_exhausted: str = "exit", prefix_cache: bool = False, block_size: int = 16) -> None:
         super().__init__(num_slots, kv_tokens, max_running_requests, chunk_size, on_kv_exhausted, prefix_cache,
                          block_size)
-        self.watermark_blocks = int(WATERMARK * (kv_tokens // block_size))
+        self.total_blocks = kv_tokens // block_size
+        self.watermark_blocks = int(WATERMARK * self.total_blocks)
+        # `_get_prompt_limit` (chunked prefill off): min(max_model_len, max_num_batched_tokens);
+        # PipeSim's prompts are cut to the context already (sim/engine/requests.py), so the budget
+        # is the only term left (`settings` keeps it >= the context length: it never binds there)
+        self.prompt_limit = chunk_size
+        self.num_ignored = 0  # requests finished as FINISHED_IGNORED (`_ignore`)
         self.preemptions = 0
         self.reset_ratio_on_empty_batch = False
 
@@ -62,16 +75,21 @@ class VllmV0Scheduler(BlockScheduler):
         return self.pad(mb)
 
     def _prefills(self, slot: Any, now_s: float) -> MicroBatch | None:
+        # scheduler.py `_schedule_prefills`, its order of tests: the prompt limit, then
+        # `can_allocate` (NEVER: ignored; LATER: stop), then the budget (tokens, sequences)
         budget = self.chunk_size
         pieces: list[tuple[Req, int, int]] = []
-        while self.waiting and self.num_active < self.max_running:
+        while self.waiting:
             req = self.waiting[0]
             hit, path = self.lookup(req, now_s)
             need = req.fill_len - hit
-            if need > budget:
-                break
+            if need > self.prompt_limit or self.never_fits(req):
+                self._ignore(req, now_s)
+                continue
             if self.free_blocks(path) - self.blocks_for(req, need) < self.watermark_blocks:
                 break  # AllocStatus.LATER
+            if need > budget or self.num_active >= self.max_running:
+                break  # budget.can_schedule
             self.waiting.popleft()
             self.admit_hit(req, hit, path, now_s)
             req.state = RUNNING
@@ -89,6 +107,26 @@ class VllmV0Scheduler(BlockScheduler):
         self.stall(slot)  # the running decodes wait this prefill step out
         return MicroBatch(self.num_launched, slot.index, EXTEND, pieces, [], None, self.chunk_size,
                           decode_ctx=0, decode_left=(0, 0))
+
+    def never_fits(self, req: Req) -> bool:
+        """`BlockSpaceManagerV2.can_allocate` returns NEVER (block_manager_v2.py, 0.6.3): its whole
+        sequence (prompt, and after a preemption the tokens it had generated) needs more blocks
+        than the pool less the watermark, `num_total_gpu_blocks - num_required_blocks <
+        watermark_blocks`, however empty the pool."""
+        return self.total_blocks - -(-req.fill_len // self.block) < self.watermark_blocks
+
+    def _ignore(self, req: Req, now_s: float) -> None:
+        """FINISHED_IGNORED (`_schedule_prefills`): out of the waiting queue, finished with the
+        tokens it has (none for a new prompt), finish reason "length"; the client gets its
+        final chunk then (`llm_engine.py` `_process_model_outputs` returns the ignored groups'
+        outputs with the step's). A preempted request holds no KV (freed at its preemption)."""
+        self.waiting.popleft()
+        self.events.append((now_s, req.slot, req.rid, "ignored"))
+        req.state = IGNORED
+        req.finish_s = now_s
+        self.num_ignored += 1
+        if self.on_finish is not None:
+            self.on_finish(req)
 
     def _decodes(self, slot: Any, now_s: float) -> MicroBatch | None:
         if not slot.running:
