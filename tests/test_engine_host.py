@@ -60,12 +60,66 @@ def test_vllm_v1_async_scheduling_hides_it_under_the_previous_step_down_to_its_f
 def test_engines_without_a_host_model_keep_the_profiles_host_cost(tmp_path):
     from sim.engine.hosttime import host_cost
 
-    assert host_cost("sglang", "0.5") is None and host_cost("vllm-v0", "0.6") is None
-    assert host_cost("fastpp", "fastpp") is None
-    _, busy = _iterations(tmp_path, "sglang", "scheduler.overlap=false")
+    assert host_cost("vllm-v0", "0.6") is None and host_cost("fastpp", "fastpp") is None
+    _, busy = _iterations(tmp_path, "vllm-v0", "scheduler.chunk_size_tokens=0")
     # the built profile: cpu_ms 2.0 + cpu_per_request_us 5 per request
     n = busy["num_prefill"] + busy["num_decode"]
     assert (busy["host_ms"] - (2.0 + 0.005 * n)).abs().max() < 1e-3
+
+
+def test_sglang_host_time_is_the_versions_model_by_hand(tmp_path):
+    """SGLang 0.5 (hosttime.py): 0.53 ms a step + 5 us a request, no per-block part; with the
+    overlap off every step pays it all."""
+    _, busy = _iterations(tmp_path, "sglang", "scheduler.overlap=false")
+    assert len(busy) > 20 and (busy["num_decode"] > 1).any()
+    for _, row in busy.iterrows():
+        assert row["host_ms"] == pytest.approx(0.53 + 0.005 * (row["num_prefill"] + row["num_decode"]), abs=1e-3)
+
+
+def test_sglang_overlap_scheduler_hides_it_all_under_the_previous_step(tmp_path):
+    df, busy = _iterations(tmp_path, "sglang")  # overlap on (pp = 1)
+    prev_mode = df["mode"].shift(1, fill_value="idle")
+    prev_gpu = df["stage0_busy_ms"].shift(1, fill_value=0.0)
+    chained = busy[prev_mode[busy.index] != "idle"]
+    fresh = busy[prev_mode[busy.index] == "idle"]
+    assert len(chained) > 20 and len(fresh) >= 1
+    for i, row in chained.iterrows():  # no floor: exposed_ms 0
+        by_hand = 0.53 + 0.005 * (row["num_prefill"] + row["num_decode"])
+        assert row["host_ms"] == pytest.approx(max(0.0, by_hand - prev_gpu[i]), abs=1e-3)
+    for _, row in fresh.iterrows():
+        assert row["host_ms"] == pytest.approx(0.53 + 0.005 * (row["num_prefill"] + row["num_decode"]), abs=1e-3)
+
+
+@pytest.mark.parametrize("engine, overlap_off", [("sglang", "scheduler.overlap=false"),
+                                                 ("vllm-v1", 'scheduler.engine_version="0.10"')])
+def test_host_time_profile_falls_back_to_the_profiles_host_cost(tmp_path, engine, overlap_off):
+    _, busy = _iterations(tmp_path, engine, overlap_off, 'server.host_time="profile"')
+    n = busy["num_prefill"] + busy["num_decode"]
+    assert (busy["host_ms"] - (2.0 + 0.005 * n)).abs().max() < 1e-3
+
+
+def test_a_constant_latency_model_charges_its_overhead_whatever_the_engine_models(tmp_path):
+    import pandas as pd
+
+    out = tmp_path / "run"
+    code, _, err = invoke(["run", str(REPO / "experiments/configs/default.toml"), "--set", "parallel.pp=1",
+                           "--set", 'latency.kind="constant"', "--set", "latency.stage_ms=10",
+                           "--set", "latency.overhead_ms=1.5", "--set", "scheduler.kv_tokens=20000",
+                           "--set", "scheduler.overlap=false", "--set", "workload.num_requests=10",
+                           "--engine", "sglang", "--out", str(out)])
+    assert code == 0, err
+    busy = pd.read_csv(out / "iterations.csv").query("mode != 'idle'")
+    assert len(busy) > 5 and (busy["host_ms"] - 1.5).abs().max() < 1e-9
+
+
+def test_a_bad_host_time_is_refused_in_one_line(tmp_path):
+    from tests.test_hostile import one_line
+
+    code, _, err = invoke(["run", str(REPO / "experiments/configs/default.toml"), "--set",
+                           'server.host_time="modeled"', "--out", str(tmp_path / "o")])
+    line = one_line(err)
+    assert code == 2 and "[server] host_time must be one of: modelled, profile; got 'modeled'" in line
+    assert not (tmp_path / "o").exists()
 
 
 def test_vllm_pool_is_whole_blocks_with_v1s_null_block():

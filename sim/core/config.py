@@ -13,7 +13,7 @@ allowed). `--set a.b=value` overrides parse `value` as a TOML value.
                 overrides = {param = value}
     [slo]       ttft_ms, ttft_percentile, tpot_ms, tpot_percentile, e2e_ms, e2e_percentile,
                 stop_when_violated, stop_factor, stop_when_met (sim.core.slo)
-    [server]    on_kv_exhausted = "exit" | "retract"
+    [server]    on_kv_exhausted = "exit" | "retract", host_time = "modelled" | "profile"
     [workload]  name = "<file in workloads/>" and overrides, or an inline kind (sim.workloads)
     [plugins]   modules = ["my_policy.py", "my_pkg.policies"]   (user plug-ins, sim.core.plugins)
     [cluster]   nodes, gpus_per_node, network, interconnect, gpu, nics_per_node   (sim.core.cluster_config)
@@ -183,22 +183,33 @@ class LatencyConfig:
 
 
 ON_KV_EXHAUSTED = ("exit", "retract")
+HOST_TIME = ("modelled", "profile")
 
 
 @dataclass(frozen=True)
 class ServerConfig:
-    """What the server does when a prefill/mixed batch cannot allocate its KV.
+    """What the server does when a prefill/mixed batch cannot allocate its KV, and whose host time
+    per step it pays.
 
-    `"exit"` (default, the artifact): the run ends with status "failed", as the real server
-    exits. `"retract"`: the prefill part of the batch is dropped and the slot runs a decode
-    batch instead, retracting and requeueing requests as on a decode OOM; the run goes on."""
+    `on_kv_exhausted`: `"exit"` (default, the artifact): the run ends with status "failed", as the
+    real server exits. `"retract"`: the prefill part of the batch is dropped and the slot runs a
+    decode batch instead, retracting and requeueing requests as on a decode OOM; the run goes on.
+
+    `host_time`: `"modelled"` (the default, also when absent): the engine version's host time model where it has one
+    (sim/engine/hosttime.py: vLLM V1, SGLang 0.5), else the latency profile's; `"profile"`: the
+    profile's `cpu_ms` + `cpu_per_request_us` for every engine (the pre-model behaviour, for runs
+    calibrated against it). Either way a constant latency model charges its `overhead_ms`."""
 
     on_kv_exhausted: str = "exit"
+    host_time: str | None = None  # None: "modelled" (left out of a run's config.toml, as before the key existed)
 
     def validate(self, where: str) -> None:
         if self.on_kv_exhausted not in ON_KV_EXHAUSTED:
             raise ConfigError(f"{where}: [server] on_kv_exhausted must be one of: {', '.join(ON_KV_EXHAUSTED)}; "
                               f"got {self.on_kv_exhausted!r}")
+        if self.host_time is not None and self.host_time not in HOST_TIME:
+            raise ConfigError(f"{where}: [server] host_time must be one of: {', '.join(HOST_TIME)}; "
+                              f"got {self.host_time!r}")
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,5 @@
-"""The scheduler's host (CPU) time per step, modelled from what the step does, per engine version.
+"""The scheduler's host (CPU) time per step, modelled from what the step does, per engine version
+(vLLM V1 and SGLang 0.5; the other engines keep the latency profile's host cost).
 
 A serving engine's step is GPU work plus host work on the critical path: the scheduler walking
 its queues, allocating KV blocks (and, with prefix caching, hashing them), preparing the step's
@@ -30,10 +31,35 @@ What the constants come from, per version (`HOST_COSTS`, each entry's `source`):
   (parent, 16 token ids, None), a BlockHash, a free-queue pop, a cached-block insert) replicated
   in CPython and timed on the shared 2-core VM PipeSim is developed on: 7-9 us of CPU time a
   block on cores several times slower than a current server's; 2 us is taken.
+- SGLang 0.5 (`managers/scheduler.py` `event_loop_overlap`, 0.5.23): per step the scheduler ingests
+  requests, forms the batch (`get_next_batch_to_run`: the prefill adder's radix-cache match per
+  waiting request, or the decode batch's filter and `prepare_for_decode`), prepares and launches
+  it (`run_batch`), and processes the previous batch's tokens (`process_batch_result`: a Python
+  walk over its requests, finish checks, the output to the detokenizer). The KV pool is token-
+  granular (page_size 1): a step's slots come from one slice of the allocator's free list, no
+  per-block work (`per_block_us` 0). Constants:
+  - per step and request together: SGLang PR #5608 (Apr 2025, ~0.4.5, Llama-3.1-8B TP4, a
+    decode server at 16 running requests): the overlap loop took the decode log's throughput
+    from 3053.86 to 3458.31 tok/s, 16 / 3053.86 - 16 / 3458.31 = 0.61 ms a step that the GPU no
+    longer waits for, so `step_ms + 16 x per_request_us` = 0.61 ms;
+  - `per_request_us` 5: the FastPP artifact's fork of SGLang 0.4.1 calibrated on its A100
+    machine (profiles/README.md: `cpu_per_request_us` fitted to 5 us, its range's lower bound),
+    so `step_ms` = 0.61 - 0.08 = 0.53 ms;
+  - a check, not a fit: SGLang's v0.4 blog (Dec 2024) and PR #1738 (Llama-3.1-8B, 3,000 ShareGPT
+    prompts at once) report about 1.1x throughput from the overlap, host time about 9% of a
+    non-overlapped step; at 256 running requests this model gives 0.53 + 1.28 = 1.81 ms beside
+    the 13.6 ms decode step of PipeSim's H100 Llama-3.1-8B profile: 12%, 1.13x;
+  - overlap (`exposed_ms` 0): the blog's Nsight trace shows no GPU idle time between consecutive
+    decode batches (Triton backend; a "minor gap" with FlashInfer), so nothing is kept exposed.
+  The uncertainty is about 2x: PR #5608's server also polls its KV transfers each step (more
+  host work than a colocated server), the per-request part is the lower bound of an older fork's
+  fit on another CPU, and the fixed part of a non-overlapped step fitted on the FastPP machine
+  was 1.17 ms (with its PP token broadcast).
 NOTE: the frontend's per-request work (HTTP, tokenizing, detokenizing, streaming) is not counted
-here (it runs in the API server process, not the engine's step loop); SGLang and vLLM V0 keep the profile's host
-cost (`[overhead] cpu_ms` + `[ground_truth] cpu_per_request_us`), the calibration of the
-2024-era engines their validation cases ran (no per-version measurement was found to replace it).
+here (it runs in the API server process, not the engine's step loop); vLLM V0 and FastPP keep the
+profile's host cost (`[overhead] cpu_ms` + `[ground_truth] cpu_per_request_us`), the calibration
+of the 2024-era engines their validation cases ran (no per-version measurement was found to
+replace it). `[server] host_time = "profile"` makes every engine keep the profile's.
 """
 
 from __future__ import annotations
@@ -72,11 +98,18 @@ _V1_SOURCE = ("vLLM issue #10634 / PR #11133 (V1, batch 256: 5-6 ms host gap a d
               "async scheduling); step_ms assumed (PR #17866 bounds it); per_block_us timed (hosttime.py)")
 _V1 = HostCost(step_ms=0.5, per_request_us=20.0, per_block_us=2.0, exposed_ms=0.16, source=_V1_SOURCE)
 
+_SGLANG_SOURCE = ("SGLang PR #5608 (decode at 16 requests: 0.61 ms a step hidden by the overlap loop); "
+                  "per_request_us the FastPP SGLang-0.4.1 fork's A100 fit (profiles/README.md); exposed_ms 0: "
+                  "SGLang v0.4 blog (no GPU idle between overlapped decode batches)")
+_SGLANG_05 = HostCost(step_ms=0.53, per_request_us=5.0, per_block_us=0.0, exposed_ms=0.0, block_size_tokens=1,
+                      source=_SGLANG_SOURCE)
+
 # (engine, version) -> its host cost; an engine version absent here keeps the profile's host cost.
 HOST_COSTS: dict[tuple[str, str], HostCost] = {
     ("vllm-v1", "0.10"): _V1,
     ("vllm-v1", "0.11"): _V1,
     ("vllm-v1", "0.15"): _V1,
+    ("sglang", "0.5"): _SGLANG_05,
 }
 
 

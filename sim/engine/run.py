@@ -332,6 +332,8 @@ def run(cfg: RunConfig, requests: list[RequestSpec] | RequestArrays | None = Non
         sched = eng.build(settings, cfg.parallel.pp, kv, max_running, policy.initial_chunk(), cfg.server.on_kv_exhausted,
                           sc)
         sched.on_finish = on_finish
+        if cfg.server.host_time == "profile":
+            sched.host_cost = None  # the profile's cpu_ms + cpu_per_request_us, not the version's model
         inbox = Inbox(env, table) if n == 1 and not driven else Inbox(env)
         pipes.append(Pipeline(env, sched, latencies[i] if latencies else latency, policy, inbox, cfg.horizon_s,
                               rebalancer=rebalancer,

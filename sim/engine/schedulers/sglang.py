@@ -27,7 +27,9 @@ Read from the release wheel (sglang-0.5.23, python/sglang/srt/...):
   running batch capped at max_running_requests // pp; the chunked request moves through them
   (PipeSim's slots, as for FastPP).
 The overlap scheduler and CUDA-graph padding are the pipeline's and the latency model's
-(`EngineSettings.overlap`, `capture_sizes`). Where this module departs from the source, a
+(`EngineSettings.overlap`, `capture_sizes`); the host time per step is the version's model
+(sim/engine/hosttime.py: 0.53 ms a step + 5 us a request, hidden under the previous GPU step
+with the overlap scheduler). Where this module departs from the source, a
 NOTE says so.
 """
 
@@ -35,6 +37,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from sim.engine.hosttime import host_cost
 from sim.engine.schedulers import EngineSettings, Hardware, pick_version, schedulers
 from sim.engine.schedulers.cached import CachedScheduler
 from sim.engine.schedulers.fastpp import (CLIP_MAX_NEW_TOKENS, INIT_NEW_TOKEN_RATIO, MIN_NEW_TOKEN_RATIO,
@@ -323,6 +326,8 @@ class SGLangEngine:
                                 settings.prefix_cache, sc.max_prefill_tokens, sc.ignore_eos, sc.schedule_policy)
         sched.overlap_host = settings.overlap
         sched.capture_sizes = settings.capture_sizes
+        key = next((k for k, v in VERSIONS.items() if v == settings.version), DEFAULT_VERSION)
+        sched.host_cost = host_cost(self.name, key)  # the version's host time per step (sim/engine/hosttime.py)
         return sched
 
 
