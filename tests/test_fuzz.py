@@ -70,7 +70,7 @@ KEYS = [
     "workload.rate", "workload.lengths.source", "workload.name", "bogus", "parallel.bogus",
     "scheduler.engine", "scheduler.prefix_cache", "scheduler.block_size_tokens", "scheduler.cuda_graphs",
     "scheduler.long_prefill_token_threshold", "scheduler.schedule_policy", "scheduler.overlap",
-    "scheduler.max_prefill_tokens", "scheduler.ignore_eos",
+    "scheduler.max_prefill_tokens", "scheduler.ignore_eos", "server.host_time",
 ]
 ENGINE_VALUES = st.sampled_from(["fastpp", "sglang", "vllm-v1", "vllm-v0"])
 # Every case runs few requests, so that a legal value finishes quickly and a hang stands out.

@@ -90,12 +90,15 @@ TOGGLES = {
     "kv pool x0.5": (("[scheduler] kv_tokens = half the modelled pool: twice the memory outside it (activations, "
                       "graphs, fragmentation) taken from the KV cache"), None),
     "mem_fraction -0.05": ("[scheduler] mem_fraction 0.05 lower: 4 GB more memory outside the KV pool per GPU", None),
-    "cpu_per_request_us 0": ("[latency.overrides] cpu_per_request_us = 0: no per-request host cost", None),
+    # the host-cost toggles price every step with the profile's host cost ([server] host_time = "profile"),
+    # in place of the engine version's model where it has one (vLLM V1, SGLang 0.5: sim/engine/hosttime.py)
+    "cpu_per_request_us 0": (("[latency.overrides] cpu_per_request_us = 0 with [server] host_time = \"profile\": "
+                              "the profile's host cost without its per-request part"), None),
     "cpu_per_request_us 50": (("[latency.overrides] cpu_per_request_us = 50 (the top of its documented range; "
-                               "profiles ship 5)"), None),
-    "cpu_ms 1": ("[latency.overrides] cpu_ms = 1 (bottom of its range; built profiles ship 2.0, the A100 PCIe 1.17)",
-                 None),
-    "cpu_ms 3": ("[latency.overrides] cpu_ms = 3 (top of its range)", None),
+                               "profiles ship 5) with [server] host_time = \"profile\""), None),
+    "cpu_ms 1": (("[latency.overrides] cpu_ms = 1 (bottom of its range; built profiles ship 2.0, the A100 PCIe 1.17) "
+                  "with [server] host_time = \"profile\""), None),
+    "cpu_ms 3": ("[latency.overrides] cpu_ms = 3 (top of its range) with [server] host_time = \"profile\"", None),
     "variance off": ("[latency] variance = false: no jitter or slow iterations", None),
     "overlap on": ("[scheduler] overlap = true: SGLang's overlap scheduler (0.4+) hides the host cost", ("sglang",)),
 }
@@ -416,9 +419,12 @@ def config_table(case: dict, quick: bool = False, toggle: str | None = None, kv_
     workload, _ = _lengths(case, quick)
     if toggle == DRIFT:
         workload["think_time"] = {"distribution": "exponential", "mean_s": DRIFT_THINK_S}
+    # real servers retract or preempt when the KV cache runs out; none exits
+    server = {"on_kv_exhausted": "retract"}
+    if toggle is not None and toggle.startswith(("cpu_per_request_us ", "cpu_ms ")):
+        server["host_time"] = "profile"  # (the engine's modelled host time would ignore the override)
     return {"seed": SEED, "parallel": {"tp": int(case["tp"])}, "scheduler": sched, "latency": latency,
-            # real servers retract or preempt when the KV cache runs out; none exits
-            "server": {"on_kv_exhausted": "retract"}, "workload": workload}
+            "server": server, "workload": workload}
 
 
 def modelled_kv_tokens(cfg) -> int:
