@@ -36,8 +36,9 @@ What the constants come from, per version (`HOST_COSTS`, each entry's `source`):
   waiting request, or the decode batch's filter and `prepare_for_decode`), prepares and launches
   it (`run_batch`), and processes the previous batch's tokens (`process_batch_result`: a Python
   walk over its requests, finish checks, the output to the detokenizer). The KV pool is token-
-  granular (page_size 1): a step's slots come from one slice of the allocator's free list, no
-  per-block work (`per_block_us` 0). Constants:
+  granular (page_size 1): a step's slots come from one slice of the allocator's free list
+  (`mem_cache/allocator/token.py` `TokenToKVPoolAllocator.alloc`), no per-block work
+  (`per_block_us` 0). Constants:
   - per step and request together: SGLang PR #5608 (Apr 2025, ~0.4.5, Llama-3.1-8B TP4, a
     decode server at 16 running requests): the overlap loop took the decode log's throughput
     from 3053.86 to 3458.31 tok/s, 16 / 3053.86 - 16 / 3458.31 = 0.61 ms a step that the GPU no
