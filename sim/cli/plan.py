@@ -98,8 +98,17 @@ def _name_list(text: str) -> tuple[str, ...]:
 def add_commands(sub) -> None:
     p = sub.add_parser("plan", help="find the best deployment of N GPUs for a load and SLOs", epilog=EPILOG,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", default="qwen2.5-32b", help="model id (a folder of the profile family)")
-    p.add_argument("--gpu", default=None, help="profile family under profiles/ or a folder (overrides --interconnect)")
+    p.add_argument("--model", default=None,
+                   help="model id (profiles/models/, default qwen2.5-32b), or a profile folder (ppsim profile build "
+                        "--out, or tp<T>/ folders: its GPU is the plan's); TP degrees it lacks are built into the "
+                        "cache ($PIPESIM_CACHE) from its model file or --model-config")
+    p.add_argument("--model-config", default=None, metavar="PATH",
+                   help="a Hugging Face config.json (dense, offline, as ppsim profile build reads it): plan your own "
+                        "model; every TP degree is built into the cache, nothing into the checkout; needs --gpu")
+    p.add_argument("--gpu", default=None,
+                   help="profile family under profiles/ or a folder (overrides --interconnect); required unless the "
+                        "model has a hand-built profile on the default GPU, the paper's a100-pcie-40gb (both "
+                        "--gpus and --max-gpus), or --model is a profile folder (its GPU)")
     p.add_argument("--interconnect", default=None,
                    help="pcie (a100-pcie-40gb; the default without --gpu), nvlink (a100-sxm-80gb-nvswitch) or both "
                         "(like-for-like: only the communication model differs); not with --gpu or --max-gpus")
@@ -108,7 +117,7 @@ def add_commands(sub) -> None:
                         f"--max-gpus searches larger clusters)")
     p.add_argument("--max-gpus", type=int_in(1, 4096), default=None, metavar="N",
                    help="with --rate (or --concurrency): the fewest GPUs up to N that meet the SLOs, over nodes, "
-                        "co-located and disaggregated deployments (--gpu defaults to h100-sxm-80gb)")
+                        "co-located and disaggregated deployments (on --gpu, as --gpus N)")
     p.add_argument("--gpus-per-node", type=int_in(1, 64), default=8,
                    help="GPUs per node (default 8): --max-gpus places every candidate on such nodes; --gpus N "
                         "larger than it places each split on them too (the plan's nodes column)")
@@ -198,8 +207,11 @@ def cmd_plan(args) -> int:
         from sim.core.errors import ConfigError
 
         raise ConfigError(f"--interconnect {args.interconnect} picks one of the A100 profile families; with "
-                          f"{'--gpu ' + args.gpu if args.gpu else '--max-gpus (whose --gpu defaults to h100-sxm-80gb)'} "
+                          f"{'--gpu ' + args.gpu if args.gpu else '--max-gpus (which plans on --gpu)'} "
                           f"the GPU's own profiles fix it; allowed: --interconnect without --gpu and --max-gpus")
+    from sim.studies.plan import plan_gpu
+
+    gpu = plan_gpu(args)  # (the default GPU, or --gpu required: a one-line error naming the GPUs with profiles)
     # which policies were asked for (None: each engine's own set) and the --max-gpus default
     args.policies_asked = args.policies
     if args.policies is None:
@@ -217,13 +229,14 @@ def cmd_plan(args) -> int:
         load = f"the trace's own timestamps ({args.trace})"
     if getattr(args, "concurrency", None) is not None:
         load = f"{args.concurrency} concurrent clients (closed loop; the achieved req/s is each candidate's)"
-    gpus_text = (f"up to {args.max_gpus} ({args.gpu or 'h100-sxm-80gb'}, {args.gpus_per_node} per node, "
+    gpus_text = (f"up to {args.max_gpus} ({gpu}, {args.gpus_per_node} per node, "
                  f"{args.network} between nodes); co-located and disaggregated, TP x PP per pool"
-                 if args.max_gpus else f"{args.gpus or 4} ({args.gpu or args.interconnect or 'pcie'}); every TP x PP x replicas split"
+                 if args.max_gpus else f"{args.gpus or 4} ({gpu}); every TP x PP x replicas split"
                  + (f", placed on nodes of {args.gpus_per_node} ({args.network} between them)"
                     if (args.gpus or 4) > args.gpus_per_node else ""))
     print(format_header({
-        "model": args.model, "gpus": gpus_text,
+        "model": str(args.plan_model) + (f" (--model-config {args.model_config})" if args.model_config else ""),
+        "gpus": gpus_text,
         "chunk policy": _policies_text(args), "workload": source, "rate": load,
         "seed": f"1-{args.seeds} (paired)" if args.seeds > 1 else "1", "slo": slo_text,
     }), flush=True)
@@ -231,6 +244,8 @@ def cmd_plan(args) -> int:
     for text in meta.get("workload_warnings", []):  # (heard once in run_plan; the runs' workers are silent)
         warn(text)
     for text in meta.get("kernel_data_notes", []):  # a current engine on Vidur's data: not what it would expect
+        warn(text)
+    for text in meta.get("kv_refused", []):  # (plan.csv: status dropped, with the reason)
         warn(text)
     mode, slo = meta["mode"], slo_from_specs(args.slo, SLO(ttft_ms=args.slo_ttft_ms, tpot_ms=args.slo_tpot_ms))
     fsio.write_frame(df, out / "plan.csv", index=False, float_format="%.6g")

@@ -9,7 +9,9 @@ confirmed candidate holds (`clients_above`).
 Candidates
 - Instance shapes: TP over `--tp` (default 1, 2, 4, 8, ... up to the node's GPUs: a TP group inside one node;
   wider TP is not searched), PP over `--pp` (default 1, 2, 4), at most N GPUs; a shape without a profile, or whose KV
-  pool cannot hold one full-context request, is dropped with the reason.
+  pool cannot hold one full-context request, is dropped with the reason; so is a shape, engine and policy whose
+  pool as the engine sizes it cannot hold the workload's longest request (a prefill pool: prompt;
+  `sim.studies.plan.KvPools`). `--set` as `--gpus N` takes it (`sim.studies.plan.plan_overrides`).
 - Co-located: k replicas of a shape with a chunk policy (`--policies`, default static-512 and
   static-2048), behind a least-loaded router.
 - Disaggregated: P prefill instances of a shape with a chunk policy + D decode instances of a shape
@@ -67,9 +69,9 @@ from sim.core.errors import ConfigError
 from sim.core.lazy import lazy
 from sim.core.slo import SLO
 from sim.latency.profiled import Profile, kv_capacity_tokens
-from sim.studies.plan import (CONTEXT_TOKENS, MEM_FRACTION, POLICIES, at_rate_row,
-                              cost_columns, cost_unit, deployment_table, goodputs_above, nodes_used,
-                              resolve_profile, throughput_bound_rps, weights_reason, _short)
+from sim.studies.plan import (MEM_FRACTION, POLICIES, KvPools, at_rate_row, cost_columns, cost_unit,
+                              deployment_table, goodputs_above, model_context, nodes_used, resolve_profile,
+                              throughput_bound_rps, weights_reason, _short)
 from sim.studies.plan_verify import TABLE, verify
 from sim.studies.sweep import Runner, SustainedSLO, hold_tail, size_key, sustained
 
@@ -223,8 +225,10 @@ def run_searches(runner: Runner, searches: list[CountSearch], desc: str) -> None
 
 
 def shapes_of(fam: Path, model: str, max_gpus: int, gpn: int, pps: tuple[int, ...],
-              tps: tuple[int, ...] | None = None) -> tuple[list[Shape], list[dict]]:
-    """The instance shapes (module docstring), and a row for each one dropped, with the reason."""
+              tps: tuple[int, ...] | None = None, mem_fraction: float = MEM_FRACTION,
+              context: int | None = None) -> tuple[list[Shape], list[dict]]:
+    """The instance shapes (module docstring), and a row for each one dropped, with the reason; `context`
+    and `mem_fraction` as `--set scheduler.*` sets them (sim.studies.plan.engine_sizes)."""
     ok, dropped = [], []
     if tps is not None:
         wide = [t for t in tps if t > gpn]
@@ -246,10 +250,11 @@ def shapes_of(fam: Path, model: str, max_gpus: int, gpn: int, pps: tuple[int, ..
             if pp > prof.shape().num_layers:
                 dropped.append({**base, "reason": f"PP {pp} > the model's {prof.shape().num_layers} layers"})
                 continue
-            kv = kv_capacity_tokens(prof, pp, MEM_FRACTION)
-            if kv < CONTEXT_TOKENS:
+            kv = kv_capacity_tokens(prof, pp, mem_fraction)
+            ctx = model_context(prof, context)
+            if kv < ctx:
                 dropped.append({**base, "reason": weights_reason(fam, model, tp, pp) or
-                                f"does not fit: KV pool {max(kv, 0)} tokens < one {CONTEXT_TOKENS}-token request"})
+                                f"does not fit: KV pool {max(kv, 0)} tokens < one {ctx}-token request"})
                 continue
             ok.append(Shape(tp, pp, _short(path), kv))
     return ok, dropped
@@ -274,6 +279,10 @@ class ClusterPlan:
         self.rows: list[dict] = []
         self.pruned = 0
         self.notes: list[str] = []  # where an engine's kernel data fell back to Vidur's (plan.json kernel_data_notes)
+        # each engine's `--set`s (sim.studies.plan.engine_overrides) and the KV-pool refusals of its shapes
+        self.sets: dict[str, tuple[str, ...]] = {}
+        self.pools: dict[bool, KvPools] = {}
+        self.engine_sets: tuple[str, ...] = ()
         from sim.latency.cluster import ClusterSpec, profile_hardware
 
         self._hw: dict[str, tuple] = {}
@@ -327,7 +336,7 @@ class ClusterPlan:
         t = deployment_table(self.workload(rate), shape.profile, k, shape.tp, shape.pp,
                              "least-loaded" if k > 1 else "round-robin",
                              "static-2048" if policy == ENGINE_DEFAULT else policy, self.slo, seed, stop_early=stop,
-                             engine=engine)
+                             engine=engine, overrides=self.sets.get(engine, ()))
         if policy == ENGINE_DEFAULT:
             t["scheduler"]["chunk_size_tokens"] = 0
         t["cluster"] = self.cluster(self.nodes_of([("colocated", k, shape)]))
@@ -341,14 +350,19 @@ class ClusterPlan:
         sched = {"chunk_size_tokens": chunk}
         if engine != "fastpp":  # (a FastPP table stays as before engines were an axis: same cache keys)
             sched["engine"] = engine
-        return {"seed": seed, "scheduler": sched,
-                "latency": {"kind": "profile", "profile": ds.profile},
-                "slo": self.slo_table(slo or self.slo, stop), "workload": self.workload(rate),
-                "cluster": self.cluster(self.nodes_of([("prefill", P, ps), ("decode", D, ds)])),
-                "disaggregation": {**handoff(engine, self.args.kv_transfer, self.args.first_token),
-                                   "prefill": {**pool(ps, P), "chunk_size_tokens": chunk,
-                                               "chunk_policy": copy.deepcopy(chunk_policy)},
-                                   "decode": pool(ds, D)}}
+        table = {"seed": seed, "scheduler": sched,
+                 "latency": {"kind": "profile", "profile": ds.profile},
+                 "slo": self.slo_table(slo or self.slo, stop), "workload": self.workload(rate),
+                 "cluster": self.cluster(self.nodes_of([("prefill", P, ps), ("decode", D, ds)])),
+                 "disaggregation": {**handoff(engine, self.args.kv_transfer, self.args.first_token),
+                                    "prefill": {**pool(ps, P), "chunk_size_tokens": chunk,
+                                                "chunk_policy": copy.deepcopy(chunk_policy)},
+                                    "decode": pool(ds, D)}}
+        if self.sets.get(engine):  # (none: the table as before, the same cache keys)
+            from sim.core.config import apply_overrides
+
+            table = apply_overrides(table, list(self.sets[engine]))
+        return table
 
     def table_of(self, c: Cand, seed: int, stop: bool) -> dict:
         if c.mode == "colocated":
@@ -376,6 +390,20 @@ class ClusterPlan:
             self.notes += [note] if note and note not in self.notes else []
             out.append(replace(s, profile=path))
         return out
+
+    def refused(self, base: dict, s: Shape, engine: str, policy: str, prompt_only: bool = False) -> bool:
+        """Whether the engine's KV pool of shape `s` cannot hold the workload's longest request (a prefill
+        instance: prompt), listed as dropped with the reason (sim.studies.plan.pool_refusal)."""
+        if prompt_only not in self.pools:
+            self.pools[prompt_only] = KvPools(self.load.table, self.seeds, self.slo, self.engine_sets, self.engines,
+                                              prompt_only)
+        why = self.pools[prompt_only].refusals(s.profile, s.tp, s.pp, engine, [policy]).get(policy)
+        if why:
+            self.rows.append({**base, "status": "dropped", "reason": why})
+        return bool(why)
+
+    def refused_lines(self) -> list[str]:
+        return [line for p in self.pools.values() for line in p.lines()]
 
     # -- the search ----------------------------------------------------------------------------------------
     def run(self, shapes: list[Shape]) -> list[dict]:
@@ -410,6 +438,8 @@ class ClusterPlan:
                     if lo > hi:
                         self._prune(base, f"overloaded: the throughput bound ({self.bound(s, 'total'):.3g} req/s "
                                           f"per replica) needs >= {lo} replicas = {lo * s.gpus} GPUs > {N}")
+                        continue
+                    if self.refused(base, s, e, pol):
                         continue
                     searches.append(("colocated", (s, pol, e), CountSearch(
                         f"{s.text()} {pol}{engine_tag(e, pol)}", lo, hi,
@@ -448,6 +478,8 @@ class ClusterPlan:
                     self._prune(base, f"overloaded: the decode throughput bound ({self.bound(s, 'output'):.3g} req/s "
                                       f"per instance) needs >= {lo} decode instances = {lo * s.gpus} GPUs > {N - 1}")
                     continue
+                if self.refused(base, s, e, dpol):
+                    continue
                 dsearch[s, e] = CountSearch(
                     f"decode {s.text()}{engine_tag(e, '-')}", lo, hi,
                     lambda D, s=s, e=e, dpol=dpol: self.disagg_table(pfast[e], ample_prefill(R / D, e, s), dpol, s, 1,
@@ -479,6 +511,8 @@ class ClusterPlan:
                     if lo > hi:
                         self._prune(base, f"overloaded: the prefill throughput bound ({self.bound(s, 'prompt'):.3g} "
                                           f"req/s per instance) needs >= {lo} prefill instances = {lo * s.gpus} GPUs")
+                        continue
+                    if self.refused(base, s, e, pol, prompt_only=True):
                         continue
                     psearch[(s, pol, e)] = CountSearch(
                         f"prefill {s.text()} {pol}{engine_tag(e, pol)}", lo, hi,
@@ -732,10 +766,10 @@ def cluster_verdict(df: pd.DataFrame, rate: float, slo_text: str, max_gpus: int,
 
 def run_cluster_plan(args) -> tuple[pd.DataFrame, dict]:
     """`ppsim plan --rate R --max-gpus N` (module docstring): the plan table (ranked) and its metadata."""
-    from sim.core.config import parse_override
     from sim.core.slo import slo_from_specs
     from sim.latency.cluster import load_network
-    from sim.studies.plan import family_dir, parse_prices, plan_load
+    from sim.studies.plan import (check_engine_sets, engine_overrides, engine_sizes, family_dir, parse_prices,
+                                  plan_load, plan_model_of, plan_overrides)
 
     slo = sustained(slo_from_specs(args.slo, SLO(ttft_ms=args.slo_ttft_ms, tpot_ms=args.slo_tpot_ms)))
     slo.validate("plan --slo")
@@ -755,14 +789,12 @@ def run_cluster_plan(args) -> tuple[pd.DataFrame, dict]:
     if bad or not args.policies:
         raise ConfigError(f"--policies {','.join(args.policies)!r}: unknown policy {bad[0] if bad else ''!r}; "
                           f"allowed: {', '.join(POLICIES)}")
-    overrides = {}
-    for text in args.set:
-        if "=" not in text or not text.startswith("workload."):
-            raise ConfigError(f"--set {text!r}: plan accepts workload.KEY=VALUE overrides only")
-        path, value = parse_override(text)
-        overrides[path[1]] = value
-    gpu = args.gpu or "h100-sxm-80gb"
-    fam = family_dir(gpu)
+    # the same --set as --gpus mode: workload.*, and scheduler.*/latency.*/server.* other than what the plan
+    # chooses, each engine's to the runs of the engines that read it (sim.studies.plan.plan_overrides)
+    overrides, engine_sets = plan_overrides(args.set)
+    context, mem_fraction = engine_sizes(engine_sets)
+    model = plan_model_of(args)  # (--gpu, a profile folder's GPU, or the default GPU: sim.studies.plan.plan_gpu)
+    fam = family_dir(args.gpu)
     price = parse_prices(args.price_per_gpu_hour, [fam.name]).get(fam.name)
     load = plan_load(args, overrides)
     if load.clients is not None:  # a closed loop's probes (sim/studies/concurrency_plan.py)
@@ -781,15 +813,23 @@ def run_cluster_plan(args) -> tuple[pd.DataFrame, dict]:
     runner = Runner(out / "cache.jsonl", jobs=args.jobs, executor=args.executor, address=args.address,
                     progress=not args.no_progress)
     tokens = load.tokens
-    shapes, dropped = shapes_of(fam, args.model, args.max_gpus, args.gpus_per_node, tuple(args.pp),
-                                tuple(args.tp) if getattr(args, "tp", None) else None)
+    shapes, dropped = shapes_of(fam, model, args.max_gpus, args.gpus_per_node, tuple(args.pp),
+                                tuple(args.tp) if getattr(args, "tp", None) else None, mem_fraction, context)
     if not shapes:
-        raise ConfigError(f"--model {args.model} on {fam.name}: no instance shape of at most {args.max_gpus} GPUs "
+        raise ConfigError(f"--model {model} on {fam.name}: no instance shape of at most {args.max_gpus} GPUs "
                           f"fits (" + "; ".join(f"TP{r['tp']}xPP{r['pp']}: {r['reason']}" for r in dropped[:3]) + ")")
     plan = ClusterPlan(args, runner, load, slo, seeds, price, fam, tokens)
+    plan.engine_sets = engine_sets
+    plan.sets = {e: engine_overrides(engine_sets, e, engines) for e in engines}
+    # every engine's run config with its --sets validated as ppsim run validates it, before anything runs
+    check_engine_sets([{"engine": e, "profile": shapes[0].profile, "replicas": 1, "tp": shapes[0].tp,
+                        "pp": shapes[0].pp} for e in engines], load, slo, plan.sets)
     rows = plan.run(shapes)
     df = pd.DataFrame([*rows, *plan.rows, *[{**r, "nodes": nodes_used(args.gpus_per_node, [("x", 1, r["tp"], r["pp"])])}
                                             for r in dropped]])
+    for col in ("gpus", "nodes"):  # (every candidate pruned, no shape dropped: no row has them)
+        if col not in df:
+            df[col] = math.nan
     df["interconnect"] = fam.name
     df["router"] = "least-loaded"
     if "engine" in df:  # (a dropped shape is dropped for every engine)
@@ -803,7 +843,7 @@ def run_cluster_plan(args) -> tuple[pd.DataFrame, dict]:
     else:
         checks = verify(runner, df.to_dict("records"), load.rate_rps, slo) if getattr(args, "verify", False) else None
     df = df.drop(columns=[TABLE], errors="ignore")
-    meta = {"mode": "rate", "model": args.model, "gpus": args.max_gpus, "max_gpus": args.max_gpus,
+    meta = {"mode": "rate", "model": str(model), "gpus": args.max_gpus, "max_gpus": args.max_gpus,
             "gpus_per_node": args.gpus_per_node, "network": args.network, "gpu": fam.name,
             "slo": slo.describe(), "seeds": len(seeds), "rate_rps": load.rate_rps, "load": load.note,
             "workload_warnings": list(load.changes), "interconnect_notes": [], "kernel_data_notes": plan.notes,
@@ -820,6 +860,7 @@ def run_cluster_plan(args) -> tuple[pd.DataFrame, dict]:
         meta.update(mode="concurrency", concurrency=load.clients, load_unit=cp.UNIT, cost_note=cp.COST_NOTE,
                     rule=f"fewest GPUs meeting the SLOs at {load.clients} concurrent clients on every seed (sustained: "
                          f"not saturated), then cost per hour, then margin")
+    meta["kv_refused"] = plan.refused_lines()
     meta["verdict"] = cluster_verdict(df, load.rate_rps, slo.describe(), args.max_gpus, plan.pruned, meta["cost_unit"],
                                       clients=load.clients)
     meta["by_mode_and_nodes"] = by_mode_and_nodes(df)

@@ -4,7 +4,11 @@ Candidates: every `replicas` x (TP x PP) split of the N GPUs (TP over the diviso
 replica's GPUs), behind a round-robin or least-loaded router when there are several
 replicas, with every chunk policy (static 256/512/1024/2048, greedy, predictive, predictive +
 delay scheduling). A split without a profile or whose KV pool cannot hold one full-context
-request is *dropped* (listed with the reason, never silently).
+request is *dropped* (listed with the reason, never silently), and so is a candidate whose KV pool
+as its engine sizes it cannot hold the workload's longest request (`KvPools`; a stderr line and
+plan.json `kv_refused` too). `--model` is a model id, a profile folder or (`--model-config`) a
+config.json (`PlanModel`); missing TP degrees are built into the cache; without `--gpu` the plan
+runs on the paper's A100-40GB PCIe only for a model hand-built there (`plan_gpu`).
 
 Three questions:
 
@@ -123,15 +127,134 @@ def family_dir(gpu: str) -> Path:
         p = REPO_ROOT / "profiles" / gpu
     if not p.is_dir():  # a GPU with built profiles only (profiles/built/<gpu>, `ppsim profile build --all`)
         p = REPO_ROOT / "profiles" / "built" / gpu
-    if not p.is_dir():
-        known = sorted(d.name for d in (REPO_ROOT / "profiles").iterdir() if d.is_dir() and not d.name.startswith("_"))
-        raise ConfigError(f"--gpu {gpu!r}: no such profile family; allowed: {', '.join(known)} or a folder path")
+    from sim.latency.hardware import gpu_names
+
+    # any GPU of profiles/gpus/: its profiles resolve through the library (shipped, AIC, or built on first use)
+    if not p.is_dir() and gpu not in gpu_names():
+        raise ConfigError(f"--gpu {gpu!r}: no such profile family; allowed: {', '.join(dict.fromkeys([*FAMILY_GPU, *gpu_names()]))} "
+                          f"or a folder path")
     return p
 
 
-def resolve_profile(family_path: Path, model: str, tp: int) -> tuple[Path | None, str]:
+@dataclass(frozen=True)
+class PlanModel:
+    """A model `--model` names by a profile folder, or `--model-config` by a Hugging Face config.json (a plain
+    model id stays a str): its profiles come from the folder where it has the TP degree, else are built into
+    the cache ($PIPESIM_CACHE/profiles, as `sim.profiling.library` caches them) from its architecture: the
+    config.json's, or the shipped model file of the folder's model. Nothing is written into the checkout."""
+    name: str                    # the model's name (the folder's [profile] model, the config's folder)
+    folder: Path | None = None   # tp<T>/ profile folders, or one profile (its meta.toml)
+    arch: object | None = None   # the ModelArch to build missing TP degrees from (None: none known)
+    key: str = ""                # the cache folder of a config.json's builds: <name>-<hash of the config>
+    gpu: str | None = None       # the folder's GPU (its meta.toml), which the plan runs on
+
+    def __str__(self) -> str:
+        return str(self.folder) if self.folder is not None else self.name
+
+
+def _folder_profiles(folder: Path) -> list[Path]:
+    """The profiles a folder holds: itself (a meta.toml: `ppsim profile build --out`) or its tp<T>/."""
+    return [folder] if (folder / "meta.toml").is_file() else sorted(d for d in folder.glob("tp*")
+                                                                      if (d / "meta.toml").is_file())
+
+
+def plan_model(model: str | None, config: str | None = None) -> "str | PlanModel":
+    """`--model` and `--model-config` resolved: a model id (a str, as before), or a `PlanModel` for a profile
+    folder or a config.json. One-line errors name the flag and what is allowed."""
+    import hashlib
+
+    from sim.profiling.specs import load_model, model_from_hf_config
+
+    arch, key = None, ""
+    if config is not None:
+        arch = model_from_hf_config(config)  # (one-line DataError: missing field, MoE, not JSON)
+        key = f"{arch.name}-{hashlib.sha256(Path(config).read_bytes()).hexdigest()[:10]}"
+    if model is None:
+        if arch is None:
+            return "qwen2.5-32b"
+        return PlanModel(arch.name, arch=arch, key=key)
+    if model in _library_models() or (Path(model).name == model and any(
+            (REPO_ROOT / "profiles" / f / model).is_dir() for f in FAMILY_GPU)):
+        if arch is not None:
+            raise ConfigError(f"--model {model} with --model-config {config}: two architectures; allowed: one of "
+                              f"them, or --model a profile folder with --model-config its model's config.json")
+        return model
+    folder = Path(model)
+    if not folder.is_dir():
+        raise ConfigError(f"--model {model!r}: no such model or profile folder; allowed: "
+                          f"{', '.join(_library_models())}, a profile folder (ppsim profile build --out), or "
+                          f"--model-config PATH (a Hugging Face config.json)")
+    found = _folder_profiles(folder)
+    if not found:
+        raise ConfigError(f"--model {model}: no profile in the folder (no meta.toml, no tp<T>/meta.toml); "
+                          f"allowed: a folder ppsim profile build --out wrote, or one of tp<T>/ such folders")
+    meta = tomlio.read_toml(found[0] / "meta.toml", ConfigError)
+    prof = meta.get("profile", {})
+    gpu = str(prof.get("gpu_spec") or meta.get("roofline", {}).get("gpu_spec") or "")
+    name = str(prof.get("model") or meta.get("model", {}).get("name") or folder.name)
+    if not gpu:
+        raise ConfigError(f"--model {model}: {_short(found[0] / 'meta.toml')} names no GPU ([profile] gpu_spec or "
+                          f"[roofline] gpu_spec); allowed: a profile ppsim profile build wrote")
+    if arch is None and name in _library_models():
+        arch = load_model(name)
+    return PlanModel(name, folder=folder.resolve(), arch=arch, key=key or name, gpu=gpu)
+
+
+def model_gpus(model: str) -> list[str]:
+    """The GPUs a model id has shipped profiles on: hand-built families, profiles/built/, profiles/aic/."""
+    root = REPO_ROOT / "profiles"
+    out = [f for f in FAMILY_GPU if (root / f / model).is_dir()]
+    out += sorted(d.parent.name for d in (root / "built").glob(f"*/{model}") if d.is_dir())
+    out += sorted(d.parents[1].name for d in (root / "aic").glob(f"*/vllm/{model}-bf16-kvbf16") if d.is_dir())
+    return list(dict.fromkeys(out))
+
+
+def plan_gpu(args) -> str:
+    """The GPU (profile family) a plan runs on, said in its header, and `args.gpu` set where the model fixes
+    it. `--gpu` when given; a profile folder: its own GPU; otherwise the default, the paper's A100-40GB PCIe
+    (`--interconnect`: its family), for both `--gpus` and `--max-gpus`, and only for a model with a
+    hand-built profile there (profiles/a100-pcie-40gb/<model>/, calibrated on the paper's server): any other
+    model needs --gpu, and the one-line error names the GPUs that have its profiles."""
+    model = plan_model(args.model, getattr(args, "model_config", None))
+    args.plan_model = model
+    if isinstance(model, PlanModel) and model.folder is not None:
+        if args.gpu and Path(args.gpu).name not in (model.gpu, Path(family_dir(model.gpu)).name):
+            raise ConfigError(f"--model {args.model}: its profiles are for GPU {model.gpu}, not --gpu {args.gpu}; "
+                              f"allowed: --gpu {model.gpu}, or no --gpu")
+        if getattr(args, "interconnect", None) is not None:
+            raise ConfigError(f"--interconnect {args.interconnect} with --model {args.model}: the folder's "
+                              f"profiles fix the GPU ({model.gpu}); allowed: no --interconnect")
+        args.gpu = args.gpu or model.gpu
+        return args.gpu
+    if args.gpu:
+        return args.gpu
+    ic = getattr(args, "interconnect", None) or "pcie"
+    fams = [INTERCONNECTS[n] for n in (INTERCONNECTS if ic == "both" else [ic]) if n in INTERCONNECTS]
+    if isinstance(model, str) and fams and all((REPO_ROOT / "profiles" / f / model).is_dir() for f in fams):
+        if getattr(args, "max_gpus", None):
+            args.gpu = fams[0]
+        return " and ".join(fams)
+    shipped = model_gpus(model) if isinstance(model, str) else []
+    default = " and ".join(fams) or INTERCONNECTS["pcie"]
+    hand = sorted(d.name for d in family_dir(INTERCONNECTS["pcie"]).iterdir() if d.is_dir())
+    raise ConfigError(f"--model {model}: no hand-built profile on the default GPU {default} (the paper's server; "
+                      f"it has {', '.join(hand)}); allowed: --gpu NAME"
+                      + (f", e.g. one with shipped profiles of it: {', '.join(shipped)}" if shipped else
+                         " (its profiles are built into the cache on first use)"))
+
+
+def plan_model_of(args) -> "str | PlanModel":
+    """`args`' model (`plan_model`), resolved once with its GPU (`plan_gpu`)."""
+    if getattr(args, "plan_model", None) is None:
+        plan_gpu(args)
+    return args.plan_model
+
+
+def resolve_profile(family_path: Path, model: "str | PlanModel", tp: int) -> tuple[Path | None, str]:
     """The one place a (GPU family, model, TP degree) finds its latency profile: the profile
     directory, or None and why not. (A resolver that builds missing profiles plugs in here.)"""
+    if isinstance(model, PlanModel):
+        return _resolve_own(family_path, model, tp)
     d = family_path / model / f"tp{tp}"
     if (d / "meta.toml").is_file():
         return d, ""
@@ -149,13 +272,57 @@ def resolve_profile(family_path: Path, model: str, tp: int) -> tuple[Path | None
         return None, f"no profile: {' '.join(str(exc).split())}"
 
 
-def weights_reason(family_path: Path, model: str, tp: int, pp: int) -> str:
+def _resolve_own(family_path: Path, model: PlanModel, tp: int) -> tuple[Path | None, str]:
+    """A `PlanModel`'s profile at TP `tp`: the folder's, else built into the cache from its architecture
+    (`sim.profiling.library` for a shipped model; a config.json's under <name>-<hash>), or None and why."""
+    from sim.core.errors import PipeSimError
+    from sim.profiling import library
+
+    for d in _folder_profiles(model.folder) if model.folder is not None else []:
+        if int(tomlio.read_toml(d / "meta.toml", ConfigError).get("profile", {}).get("tp", -1)) == tp:
+            return d, ""
+    where = f"{_short(model.folder)} has no TP{tp} profile" if model.folder is not None else ""
+    if model.arch is None:
+        return None, (f"no profile: {where}, and no architecture to build one (give --model-config its "
+                      f"config.json)")
+    gpu, interconnect = FAMILY_GPU.get(family_path.name, (family_path.name, None))
+    try:
+        if model.key == model.name and model.name in _library_models():  # a shipped model: the library's cache
+            return library.resolve_profile(model.name, gpu, tp, interconnect), ""
+        from sim.latency.hardware import load_interconnect
+        from sim.profiling.build import build_profile, built_dir
+
+        spec = library.load_gpu(gpu)
+        model.arch.check_tp(tp, where="tp")
+        if spec.kernel_data == "aic":
+            from sim.profiling.aic import aic_dir, build_aic_profile
+
+            out = aic_dir(library.cache_root() / "aic", spec, "vllm", model.key, "bf16", "bf16", tp)
+            if not (out / "meta.toml").is_file():
+                build_aic_profile(model.arch, spec, tp, out, replace=False)
+            return out, ""
+        ic = interconnect or spec.default_interconnect
+        out = built_dir(library.cache_root(), spec, ic, model.key, tp)
+        if not (out / "meta.toml").is_file():
+            build_profile(model.arch, spec, load_interconnect(ic), tp, out, replace=False)
+        return out, ""
+    except PipeSimError as exc:
+        return None, f"no profile: {where + '; ' if where else ''}{' '.join(str(exc).split())}"
+
+
+def weights_reason(family_path: Path, model: "str | PlanModel", tp: int, pp: int) -> str:
     """"weights need X GB per GPU, have Y" when the model's weights alone do not fit, else ""."""
     gpu, _ = FAMILY_GPU.get(family_path.name, (family_path.name, None))
     from sim.core.errors import PipeSimError
     from sim.profiling import library
 
     try:
+        if isinstance(model, PlanModel):  # (a folder without an architecture: its profile's memory says it)
+            if model.arch is not None:
+                from sim.profiling.specs import check_weights_fit
+
+                check_weights_fit(model.arch, library.load_gpu(gpu), tp, pp)
+            return ""
         library.check_weights(model, gpu, tp, pp)
     except PipeSimError as exc:
         return f"does not fit: {' '.join(str(exc).split())}"
@@ -201,7 +368,7 @@ def splits(family_path: Path, name: str, model: str, gpus: int, mem_fraction: fl
            context: int | None = None) -> list[Split]:
     """Every replicas x TP x PP split of `gpus` GPUs; TP over the divisors of a replica's GPUs. A split whose
     KV pool cannot hold one request of the context it serves (`model_context`) is dropped, with the reason."""
-    if not (family_path / model).is_dir() and model not in _library_models():
+    if isinstance(model, str) and not (family_path / model).is_dir() and model not in _library_models():
         known = sorted(d.name for d in family_path.iterdir() if d.is_dir())
         raise ConfigError(f"--model {model!r}: no profile in {family_path}; allowed: {', '.join(known)}")
     out = []
@@ -224,6 +391,79 @@ def splits(family_path: Path, name: str, model: str, gpus: int, mem_fraction: fl
                                             f"does not fit: KV pool {max(kv, 0)} tokens < one {ctx}-token request")
             out.append(Split(name, replicas, tp, pp, _short(path), kv, reason))
     return out
+
+
+def longest_request_tokens(table: dict, seeds: list[int], prompt_only: bool = False) -> int:
+    """The most tokens (prompt + output; `prompt_only`: prompt) one request of the plan's workload `table`
+    holds, over the builds of its seeds (the probes' lengths: a rate changes the arrivals, not the lengths)."""
+    return max((r.prompt_tokens + (0 if prompt_only else r.output_tokens)
+                for s in seeds for r in build_workload_said(table, seed=s)[0]), default=0)
+
+
+def pool_refusal(table: dict, longest: int, where: str, what: str = "request") -> str:
+    """Why a candidate (its run config `table`) cannot hold the workload's longest request (`longest`
+    tokens) in its KV pool as its engine sizes the pool (sim/engine/run.py pool_sizes: SGLang's
+    profile_max_num_token at its mem_fraction_static, vLLM's gpu_memory_utilization less a full step's
+    activations in whole blocks less V1's null block), else "". The engine serves a request of at most
+    min(context - 1, pool - 1) tokens (SGLang's max_req_len) and cuts a longer one; the context's own cut is
+    warned as truncation, the pool's is a refusal. A bad `--set` in `table` is the one-line ConfigError of
+    `where`, not a refusal."""
+    from sim.core.config import config_from_table
+    from sim.engine.run import build_latency, hardware, pool_sizes
+    from sim.engine.schedulers import engine as engine_of
+
+    cfg = config_from_table(table, where)
+    lat = build_latency(cfg)
+    eng, sc = engine_of(cfg.scheduler.engine, where="--engine"), cfg.scheduler
+    hw = hardware(cfg, lat)
+    try:
+        kv = pool_sizes(cfg, lat, eng, eng.settings(sc, hw), hw)[0]
+    except ConfigError as exc:  # (no pool at all, or one too small for any request)
+        return f"does not fit: {sc.engine} leaves no usable KV pool ({' '.join(str(exc).split())})"
+    own = getattr(lat.profile, "context_length", None)
+    ctx = min(sc.context_length_tokens, own) if own else sc.context_length_tokens
+    need = min(longest, ctx - 1)
+    if kv - 1 >= need:
+        return ""
+    return (f"does not fit: {sc.engine} sizes its KV pool at {kv} tokens per stage, so it serves requests of at most "
+            f"{kv - 1} tokens; the workload's longest {what} has {longest} tokens"
+            + (f" ({need} within the {ctx}-token context)" if need < longest else ""))
+
+
+class KvPools:
+    """The plan's KV-pool refusals (`pool_refusal`), one check per (profile, TP, PP, engine, chunk policy):
+    the pool depends on the engine (its memory share, its whole blocks) and on its step's token budget (vLLM
+    reserves a full step's activations), not on the router or the replica count."""
+
+    def __init__(self, workload: dict, seeds: list[int], slo: SLO, engine_sets: tuple[str, ...],
+                 engines: list[str], prompt_only: bool = False) -> None:
+        self.workload, self.slo, self.engine_sets, self.engines = workload, slo, engine_sets, engines
+        self.seeds, self.prompt_only = seeds, prompt_only
+        self.longest: int | None = None  # (built on the first check: a plan whose every candidate is pruned
+        # by its throughput bound, at a rate whose probes would hold millions of requests, never builds them)
+        self.what = "prompt" if prompt_only else "request"  # (a prefill instance holds the prompt only)
+        self.why: dict[tuple, str] = {}
+
+    def refusals(self, profile: str, tp: int, pp: int, engine: str, policies: list[str]) -> dict[str, str]:
+        """{policy: why its pool cannot hold the longest request} for those of `policies` that cannot."""
+        for p in policies:
+            key = (profile, tp, pp, engine, p)
+            if key not in self.why:
+                if self.longest is None:
+                    self.longest = longest_request_tokens(self.workload, self.seeds, self.prompt_only)
+                t = deployment_table(self.workload, profile, 1, tp, pp, "round-robin", p, self.slo, engine=engine,
+                                     overrides=engine_overrides(self.engine_sets, engine, self.engines))
+                self.why[key] = pool_refusal(t, self.longest, f"plan --set (engine {engine})", self.what)
+        return {p: self.why[(profile, tp, pp, engine, p)] for p in policies if self.why[(profile, tp, pp, engine, p)]}
+
+    def lines(self) -> list[str]:
+        """One line per refused instance shape and engine, its policies and why (stderr and plan.json)."""
+        out: dict[tuple, list[str]] = {}
+        for (profile, tp, pp, engine, p), why in self.why.items():
+            if why:
+                out.setdefault((profile, tp, pp, engine, why), []).append(p)
+        return [f"refused, not ranked: TP{tp}xPP{pp} [{engine}] {', '.join(ps)} ({profile}): {why}"
+                for (profile, tp, pp, engine, why), ps in out.items()]
 
 
 def throughput_bound_rps(profile: str, pp: int, replicas: int, tokens_per_request: float) -> float:
@@ -401,6 +641,8 @@ def policies_for(c: dict, asked: tuple[str, ...] | None = None) -> list[str]:
     when --policies names some) and a paper policy only when asked, as a labelled what-if (never
     predictive+DS: the rebalancer is FastPP's)."""
     eng = c.get("engine", "fastpp")
+    if c.get("kv_refused"):  # (those whose KV pool cannot hold the longest request: `KvPools`)
+        return [p for p in policies_for({"engine": eng}, asked) if p not in c["kv_refused"]]
     if eng == "fastpp":
         return [p for p in POLICIES if asked is None or p in asked]
     native = ENGINE_POLICIES.get(eng, (ENGINE_DEFAULT,))
@@ -732,6 +974,7 @@ def run_plan(args) -> tuple[pd.DataFrame, dict]:
             raise ConfigError(f"--interconnect both with --gpus {args.gpus} > --gpus-per-node {gpn}: the like-for-like "
                               f"profiles name no hardware to place on nodes; allowed: --gpus <= {gpn}, or one "
                               f"interconnect")
+    model = plan_model_of(args)  # (sets args.gpu for a profile folder; refuses a model without a default GPU)
     families, notes, kernel_notes = [], [], []
     if args.gpu:
         families = [(Path(args.gpu).name, family_dir(args.gpu))]
@@ -743,7 +986,7 @@ def run_plan(args) -> tuple[pd.DataFrame, dict]:
                 raise ConfigError(f"--interconnect {n!r}: allowed: pcie, nvlink, both")
         families = [(names[0], family_dir(INTERCONNECTS[names[0]]))]
         if len(names) == 2:
-            fam, lines = like_for_like(families[0][1], family_dir(INTERCONNECTS["nvlink"]), args.model,
+            fam, lines = like_for_like(families[0][1], family_dir(INTERCONNECTS["nvlink"]), model,
                                        out / "profiles" / f"{INTERCONNECTS['pcie']}+nvlink-comm")
             families.append(("nvlink", fam))
             notes += lines
@@ -768,8 +1011,10 @@ def run_plan(args) -> tuple[pd.DataFrame, dict]:
         from sim.engine.schedulers import engine as engine_of
 
         engine_of(eng, where="--engine")
+    asked = getattr(args, "policies_asked", None)
+    pools = KvPools(load.table, seeds, slo, engine_sets, engines)
     for fam_name, fam in families:
-        for sp, eng in ((sp, eng) for sp in splits(fam, fam_name, args.model, args.gpus, mem_fraction, context)
+        for sp, eng in ((sp, eng) for sp in splits(fam, fam_name, model, args.gpus, mem_fraction, context)
                         for eng in engines):
             if sp.profile:  # the data source of the engine's kernel era (sim.profiling.library.engine_profile)
                 from dataclasses import replace
@@ -799,10 +1044,14 @@ def run_plan(args) -> tuple[pd.DataFrame, dict]:
                                  "reason": f"overloaded: {load.rate_rps * load.per_unit:g} req/s > the throughput bound {bound:.3g} "
                                            f"req/s ({tokens:.0f} tokens per request)"})
                     continue
+                why = pools.refusals(sp.profile, sp.tp, sp.pp, eng, policies_for(base, asked))
+                rows += [{**base, "policy": p, "status": "dropped", "reason": w} for p, w in why.items()]
+                if len(why) == len(policies_for(base, asked)):
+                    continue
+                base["kv_refused"] = tuple(why)
                 cands.append(base)
     sets = {eng: engine_overrides(engine_sets, eng, engines) for eng in engines}
     check_engine_sets(cands, load, slo, sets)
-    asked = getattr(args, "policies_asked", None)
     price = {c["interconnect"]: prices.get(c["interconnect"]) for c in cands}
     if mode == "rate":
         rows += _plan_at_rate(runner, cands, load, slo, seeds, price, args.replicate_within, sets, asked)
@@ -826,8 +1075,8 @@ def run_plan(args) -> tuple[pd.DataFrame, dict]:
     else:
         checks = (verify(runner, df.to_dict("records"), None if load.rate_rps is None else load.rate_rps * load.per_unit,
                          slo, load.per_unit) if getattr(args, "verify", False) else None)
-    df = df.drop(columns=[TABLE], errors="ignore")
-    meta = {"mode": mode, "model": args.model, "gpus": args.gpus, "slo": slo.describe(), "seeds": len(seeds),
+    df = df.drop(columns=[TABLE, "kv_refused"], errors="ignore")
+    meta = {"mode": mode, "model": str(model), "gpus": args.gpus, "slo": slo.describe(), "seeds": len(seeds),
             "rate_rps": None if load.rate_rps is None else load.rate_rps * load.per_unit, "load": load.note,
             "interconnect_notes": notes, "kernel_data_notes": kernel_notes, "requests_per_rate_unit": load.per_unit,
             "workload_warnings": list(load.changes),
@@ -851,6 +1100,7 @@ def run_plan(args) -> tuple[pd.DataFrame, dict]:
             f"{worst['truncated_prompts']} prompt(s) truncated and {worst['clipped_outputs']} output(s) clipped, "
             f"{worst['deployment']}; context {worst['context_length_tokens']} tokens unless the model's is shorter; "
             f"plan.json truncation; raise it with --set scheduler.context_length_tokens=N)")
+    meta["kv_refused"] = pools.lines()
     meta["verdict"] = verdict(df, ranked_as, slo.describe(), meta["rate_rps"], meta["cost_unit"],
                               load_text=f"{load.clients} concurrent clients" if mode == "concurrency" else None)
     if checks is not None:
