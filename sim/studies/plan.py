@@ -181,9 +181,10 @@ def plan_model(model: str | None, config: str | None = None) -> "str | PlanModel
         return model
     folder = Path(model)
     if not folder.is_dir():
-        raise ConfigError(f"--model {model!r}: no such model or profile folder; allowed: "
-                          f"{', '.join(_library_models())}, a profile folder (ppsim profile build --out), or "
-                          f"--model-config PATH (a Hugging Face config.json)")
+        hand = sorted(d.name for d in family_dir(INTERCONNECTS["pcie"]).iterdir() if d.is_dir())
+        raise ConfigError(f"--model {model!r}: no such model or profile folder; allowed: {', '.join(hand)} (on the "
+                          f"default GPU), {', '.join(m for m in _library_models() if m not in hand)} (with --gpu), "
+                          f"a profile folder (ppsim profile build --out), or --model-config PATH (a config.json)")
     found = _folder_profiles(folder)
     if not found:
         raise ConfigError(f"--model {model}: no profile in the folder (no meta.toml, no tp<T>/meta.toml); "
