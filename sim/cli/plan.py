@@ -20,6 +20,9 @@ EPILOG = """examples:
   ppsim plan --model qwen2.5-14b --gpus 4 --workload sharegpt --rate 0.5 --price-per-gpu-hour 1.8
   ppsim plan --model qwen2.5-32b --interconnect both --rate 4 --price-per-gpu-hour pcie=1.6,nvlink=2.2
   ppsim plan --model qwen2.5-32b --trace my_requests.csv --slo ttft:p95:1500   # replay at its timestamps
+  ppsim plan --model-config my-model/config.json --gpu h100-sxm-80gb --gpus 8 --rate 4
+      # one's own model: every TP degree built into the cache ($PIPESIM_CACHE), nothing into the checkout
+  ppsim plan --model /tmp/mine --gpus 2 --rate 1   # a profile folder (ppsim profile build --out): on its GPU
   ppsim plan --model llama-3.1-70b --gpu h100-sxm-80gb --max-gpus 16 --rate 8 --slo ttft:p90:1000 --slo tpot:p90:50
       # the fewest GPUs for 8 req/s: GPU counts up to 16 on 8-GPU nodes over InfiniBand NDR, co-located or
       # disaggregated (prefill:decode), TP x PP per pool, chunk policy (sim/studies/cluster_plan.py)
