@@ -726,7 +726,8 @@ def cluster_verdict(df: pd.DataFrame, rate: float, slo_text: str, max_gpus: int,
     load = f"{clients} concurrent clients" if clients is not None else f"{rate:g} req/s"
     head = (f"At {load} with {slo_text}, on up to {max_gpus} GPUs: {n_full} deployments simulated in full, "
             f"{n_est} estimated from their screens, {pruned} pruned by the bounds or screens, "
-            f"{int((df['status'] == 'dropped').sum())} instance shapes dropped.")
+            f"{int((df['status'] == 'dropped').sum())} dropped (no profile, no memory, or a KV pool too small for "
+            f"the longest request).")
     if top.empty:
         return head + " None meets the SLOs on every seed within the GPUs allowed: add GPUs, relax the SLOs or " \
                       "lower the rate."
