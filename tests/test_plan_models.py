@@ -45,6 +45,21 @@ def test_the_pool_refusal_at_its_boundary_by_hand():
     assert pool_refusal(_sglang_tp2_table(context=4096), 50_000, "t") == ""     # 4095 <= 11374
     why = pool_refusal(_sglang_tp2_table(context=16384), 50_000, "t")
     assert "16383 within the 16384-token context" in why
+    # vLLM V1's pool counts whole 16-token blocks less its null block: Llama-3.1-70B at TP2 on H100s holds 21,584
+    # tokens (issue 39's 4x TP2: 21,602 before the blocks, (21602 // 16 - 1) x 16 = 21584), where the plan's own
+    # estimate of the split (FastPP's sizing at mem_fraction 0.9) is 32,386: a 21,584-token request is cut, at a
+    # context of 32,768
+    t = deployment_table({"name": "sharegpt"}, "profiles/built/h100-sxm-80gb/llama-3.1-70b/tp2", 1, 2, 1,
+                         "round-robin", ENGINE_DEFAULT, SLO(ttft_ms=2000, tpot_ms=200), engine="vllm-v1")
+    t["scheduler"]["context_length_tokens"] = 32768   # (issue 39's 32k prompts)
+    assert "vllm-v1 sizes its KV pool at 21584 tokens" in pool_refusal(t, 21584, "t")
+    assert pool_refusal(t, 21583, "t") == ""
+    from sim.engine.schedulers.vllm_v1 import VllmV1Engine
+
+    with pytest.MonkeyPatch.context() as mp:   # the pool before the blocks: the issue's 21,602 tokens
+        mp.setattr(VllmV1Engine, "pool_tokens", lambda self, kv, sc: kv)
+        before = int(re.search(r"at (\d+) tokens", pool_refusal(t, 30000, "t")).group(1))
+    assert before == 21602 and (before // 16 - 1) * 16 == 21584
     # FastPP's pool on the same GPUs holds it (its mem_fraction is the plan's 0.9)
     t = _sglang_tp2_table()
     t["scheduler"].pop("engine")
