@@ -135,3 +135,24 @@ def test_a_plans_fallback_is_one_warning_on_stderr(tmp_path, capsys, monkeypatch
     assert len(err) == 1 and err[0].startswith("ppsim: warning: vllm-v1 takes AIConfigurator's kernel data")
     assert "no llama-3.1-405b-bf16-kvbf16 profile on h100-sxm-80gb" in err[0] and err[0].endswith("Vidur's data instead")
     assert json.loads((out / "plan.json").read_text())["kernel_data_notes"] == [err[0].removeprefix("ppsim: warning: ")]
+
+
+def test_a_users_own_model_keeps_its_vidur_built_profile(monkeypatch, tmp_path):
+    """plan --model-config builds a model with no model file into the cache: engine_profile must not look
+    for its architecture (it ended the plan in 'no profile and no architecture'); a current engine is told
+    why it runs on Vidur's data, and an explicit 'aic' is refused."""
+    from sim.profiling import library
+
+    monkeypatch.setenv("PIPESIM_CACHE", str(tmp_path))
+    for root in (library.cache_root(), library.BUILT_DIR):
+        path = str(root / H100 / "my-model-0123abcd" / "tp2")
+        if library._library_key(Path(path)) is None:
+            continue
+        assert engine_profile(path, "fastpp") == (path, "")
+        p, note = engine_profile(path, "vllm-v1")
+        assert p == path and "Vidur-built (from its config.json)" in note
+        with pytest.raises(ConfigError, match="no model file"):
+            engine_profile(path, "vllm-v1", "aic")
+        break
+    else:
+        pytest.fail("no library root recognised")

@@ -130,6 +130,13 @@ def engine_profile(profile: str, engine: str, kernel_data: str = "", where: str 
                               f"allowed: a GPU name (--gpu) with {where}")
         return profile, ""
     gpu, ic, model, tp = found
+    if model not in model_names():  # a user's own model (plan --model-config): built from its config.json by
+        # Vidur's cost model into the cache; no AIConfigurator twin can be built without a model file
+        if kernel_data == "aic":
+            raise ConfigError(f"{where} 'aic': model {model!r} has no model file to build an AIConfigurator "
+                              f"profile from; allowed: vidur (its profiles are Vidur-built)")
+        return profile, (f"{model}: its profiles are Vidur-built (from its config.json), not AIConfigurator's"
+                         if default_kernel_data(engine) == "aic" else "")
     choice = choose_profile(model, gpu, tp, ic, engine=engine, kernel_data=kernel_data, where=where)
     if choice.kernel_data == "vidur":
         return profile, choice.note
