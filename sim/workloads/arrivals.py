@@ -41,7 +41,9 @@ RAMPS = ("linear", "exponential")
 
 
 def poisson(num: int, rate_rps: float, rng) -> "np.ndarray":
-    """SGLang's: first at 0, then exponential gaps: the artifact's draw, which SGLang's client kept."""
+    """SGLang's: first at 0, then exponential gaps: the form of the artifact's draw, which SGLang's client
+    kept. The numbers come from the run's seeded stream, not the artifact's numpy re-seeded with 1 before
+    every rate, so a seed does not give the artifact's send times (experiments/notes/static_tpot.md)."""
     return poisson_arrivals(num, rate_rps, rng)
 
 
