@@ -190,7 +190,8 @@ def test_plan_at_a_rate_writes_every_candidate_with_its_numbers(tmp_path, capsys
     misses = sim[~sim["meets_slo"].astype(bool)]
     assert misses["cost_per_million_at_goodput"].isna().all()
     txt = (out / "plan.txt").read_text()
-    assert "ranking: among those meeting the SLOs on every seed (sustained: not saturated), fewest GPUs" in txt
+    assert ("ranking: among those meeting the SLOs on every seed (sustained: not saturated; late arrivals too) with the "
+            "95% interval of their margins not below zero, fewest GPUs") in txt
     assert "cost_per_million_at_rate = serving the demanded rate" in txt and "in $." in txt
     doc = json.loads((tmp_path / "j.json").read_text())
     assert doc["mode"] == "rate" and doc["slo"] == "P99 TTFT <= 3000 ms and P90 TPOT <= 150 ms"
@@ -209,7 +210,12 @@ def test_plan_goodput_mode(tmp_path, capsys, seeds):
     df = pd.read_csv(tmp_path / "plan.csv")
     sim = df[df["status"] == "ok"]
     assert len(sim) >= len(POLICIES)
-    assert (sim["goodput_ci_lo"] <= sim["goodput_rps"] + 1e-9).all() and (sim["num_seeds"] <= seeds).all()
+    assert (sim["num_seeds"] <= seeds).all()
+    # the goodput counts on every seed (sim.studies.sweep.holds_on_seeds): at most the seeds' mean, and with one
+    # seed that seed's own (issue 39: the mean of highest passes missed in long runs)
+    assert (sim["goodput_rps"] <= sim["goodput_seed_mean_rps"] + 1e-9).all()
+    if seeds == 1:
+        assert (sim["goodput_rps"] == sim["goodput_seed_mean_rps"]).all()
     top = sim[sim["rank"] == 1].iloc[0]
     assert top["num_seeds"] == seeds  # the best is always replicated
     assert top["cost_per_million_at_goodput"] == pytest.approx(2.0 * 2 / 3600 / top["goodput_rps"] * 1e6, rel=1e-5)

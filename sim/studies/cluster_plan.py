@@ -69,11 +69,11 @@ from sim.core.errors import ConfigError
 from sim.core.lazy import lazy
 from sim.core.slo import SLO
 from sim.latency.profiled import Profile, kv_capacity_tokens
-from sim.studies.plan import (MEM_FRACTION, POLICIES, KvPools, at_rate_row, cost_columns, cost_unit,
+from sim.studies.plan import (MEM_FRACTION, POLICIES, THIN_MARGIN, KvPools, at_rate_row, cost_columns, cost_unit,
                               deployment_table, goodputs_above, model_context, nodes_used, resolve_profile,
                               throughput_bound_rps, weights_reason, _short)
 from sim.studies.plan_verify import TABLE, verify
-from sim.studies.sweep import Runner, SustainedSLO, hold_tail, size_key, sustained
+from sim.studies.sweep import Runner, SustainedSLO, hold_tail, holds_on_seeds, size_key, sustained
 
 np = lazy("numpy")
 pd = lazy("pandas")
@@ -577,18 +577,18 @@ class ClusterPlan:
             for i, c in enumerate(batch):
                 summ = res[i * k:(i + 1) * k]
                 done[c.key()] = summ
-                if all(self.slo.meets(x) for x in summ):
+                if holds_on_seeds(self.slo, summ):  # every seed, with a margin whose interval stays >= 0
                     met = True
                     continue
-                bumped = self._bump(c, summ[0])
+                bumped = self._bump(c, summ)
                 if bumped is not None and bumped.key() not in seen:
                     seen[bumped.key()] = bumped
                     queue.append(bumped)
             queue.sort(key=lambda c: (c.gpus, -self._screen_margin(c)))
-            best_gpus = min((c.gpus for c in batch if all(self.slo.meets(x) for x in done[c.key()])), default=None)
+            best_gpus = min((c.gpus for c in batch if holds_on_seeds(self.slo, done[c.key()])), default=None)
             if met and best_gpus is not None and all(c.gpus > best_gpus or c.key() in done for c in queue):
                 break
-        ok = [c for c in seen.values() if c.key() in done and all(self.slo.meets(x) for x in done[c.key()])]
+        ok = [c for c in seen.values() if c.key() in done and holds_on_seeds(self.slo, done[c.key()])]
         goodput = self._goodputs(ok)
         rows = []
         for c in seen.values():
@@ -604,28 +604,31 @@ class ClusterPlan:
         m = self.slo.margin(c.screen) if c.screen else math.nan
         return m if math.isfinite(m) else -math.inf
 
-    def _bump(self, c: Cand, summ: dict) -> Cand | None:
-        """The next count of the instance kind that missed (TTFT: prefill, else decode / replicas)."""
+    def _bump(self, c: Cand, summ: list[dict]) -> Cand | None:
+        """The next count of the instance kind that missed (TTFT: prefill, else decode / replicas). A
+        disaggregated candidate refused on its seeds adds a prefill instance where TTFT has the least slack
+        (the seeds' mean of 1 - value / threshold, over all requests and the late arrivals), else a decode one."""
         if c.mode == "colocated":
             n = Cand("colocated", c.policy, shape=c.shape, replicas=c.replicas + 1, screen=c.screen, engine=c.engine)
         else:
-            ttft = summ.get(f"p{self.slo.ttft_percentile:g}_ttft_ms")
-            prefill_missed = ttft is None or ttft > self.slo.ttft_ms
+            prefill_missed = _least_slack(self.slo, summ) == "ttft"
             n = Cand("disaggregated", c.policy, pshape=c.pshape, P=c.P + prefill_missed, dshape=c.dshape,
                      D=c.D + (not prefill_missed), screen=c.screen, engine=c.engine)
         return n if n.gpus <= self.N else None
 
     def _goodputs(self, ok: list[Cand]) -> dict[tuple, tuple[float, dict | None]]:
-        """First-seed goodput of each confirmed candidate, searched from R upward (cost at goodput), with the
-        summary of its run at that goodput (`sim.studies.plan.goodputs_above`); at N clients the most clients
-        meeting the SLOs, the summary there and a flag (`sim.studies.concurrency_plan.clients_above`)."""
+        """Goodput of each confirmed candidate, searched from R upward on the first seed and counted where every
+        seed holds with a margin interval not below zero (cost at goodput), with the first seed's summary at
+        that goodput (`sim.studies.plan.goodputs_above`); at N clients the most clients meeting the SLOs, the
+        summary there and a flag (`sim.studies.concurrency_plan.clients_above`)."""
         if self.clients is not None:
             from sim.studies.concurrency_plan import clients_above
 
             found = clients_above(self.runner, [self.table_of(c, self.seeds[0], True) for c in ok], self.clients,
                                   self.slo)
             return {c.key(): f for c, f in zip(ok, found)}
-        found = goodputs_above(self.runner, [self.table_of(c, self.seeds[0], True) for c in ok], self.rate, self.slo)
+        found = goodputs_above(self.runner, [self.table_of(c, self.seeds[0], True) for c in ok], self.rate, self.slo,
+                               seed_tables=[[self.table_of(c, s, True) for s in self.seeds[1:]] for c in ok])
         return {c.key(): f for c, f in zip(ok, found)}
 
     def _row(self, c: Cand, summ: list[dict] | None, found: tuple[float, dict | None] | None) -> dict:
@@ -680,6 +683,20 @@ class ClusterPlan:
 
 def _num(v) -> float:
     return math.nan if v is None else float(v)
+
+
+def _least_slack(slo: SLO, summaries: list[dict]) -> str:
+    """The objective (ttft, tpot, e2e) with the least mean slack over `summaries`, 1 - value / threshold, each
+    run's slack the smaller of all requests' and the late arrivals' percentile (a missing percentile: none
+    for TPOT, whose absence passes; for the others no slack at all)."""
+    def slack(s: dict, m: str, q: float, ms: float) -> float:
+        vals = [s.get(k) for k in (f"p{q:g}_{m}_ms", f"late_p{q:g}_{m}_ms")]
+        vals = [v for v in vals if isinstance(v, (int, float)) and v == v]
+        if not vals:
+            return math.inf if m == "tpot" else -math.inf
+        return 1 - max(vals) / ms
+    mean = {m: sum(slack(s, m, q, ms) for s in summaries) / len(summaries) for m, q, ms in slo.objectives()}
+    return min(mean, key=lambda m: mean[m])
 
 
 def _compose(prefill: dict, decode: dict) -> dict:
@@ -898,4 +915,6 @@ def _cluster_warnings(r: dict) -> str:
         w.append(f"KV headroom {head:.1%} < 5% at the rate")
     if r.get("status") == "ok" and 0 < (r.get("seeds_meeting") or 0) < (r.get("num_seeds") or 0):
         w.append(f"meets the SLOs on {int(r['seeds_meeting'])} of {int(r['num_seeds'])} seeds only")
+    if r.get("status") == "ok" and r.get("refused_thin_margin") is True:
+        w.append(THIN_MARGIN.format(**r))
     return "; ".join(w)

@@ -18,12 +18,16 @@ Three questions:
   million requests and whether the SLOs hold; rank those meeting them (sustained: not saturated) by
   fewest GPUs, then cost per hour, then margin (`sim.studies.verdict.rank`). Cost columns, one basis
   each: `cost_per_hour`, `cost_per_million_at_rate` (serving R: the one to present) and
-  `cost_per_million_at_goodput` (at each one's goodput, `goodputs_above`: first seed, searched from R
-  upward to within 10%; NaN for those missing the SLOs and a trace replayed at its timestamps).
+  `cost_per_million_at_goodput` (at each one's goodput, `goodputs_above`: searched from R upward to within
+  10% on the first seed, then stepped down until every seed holds, `sim.studies.sweep.holds_on_seeds`; NaN
+  for those missing the SLOs and a trace replayed at its timestamps). A candidate meets the SLOs at R by the
+  same rule: every seed passes and the 95% interval of their margins does not reach below zero.
 - `--concurrency N` (users, not a rate): every candidate as a closed loop of N clients, ranked as at a
   rate, its cost at the rate it achieves there (sim/studies/concurrency_plan.py).
-- no `--rate`: each candidate's goodput (the highest rate meeting the SLOs; `sim.studies.sweep`),
-  mean and 95% CI over the seeds, ranked by goodput with CI ties broken by cost, then GPUs.
+- no `--rate`: each candidate's goodput: each seed's highest rate meeting the SLOs (`sim.studies.sweep`;
+  their mean and 95% CI), then from the lowest of them down by 10% steps to the highest rate that counts on
+  every seed (`counted_rates`, `sim.studies.sweep.holds_on_seeds`), ranked by that goodput with ties (the
+  seeds' CIs overlapping) broken by cost, then GPUs.
 
 More GPUs than a node holds (`--gpus N` > `--gpus-per-node`, default 8): every split is placed
 on nodes of that many GPUs joined by `--network` (`nodes_used`: in order, each TP group inside one
@@ -72,8 +76,8 @@ from sim.core.config import REPO_ROOT  # noqa: E402
 from sim.core.errors import ConfigError  # noqa: E402
 from sim.latency.profiled import Profile, ProfiledLatencyModel, kv_capacity_tokens  # noqa: E402
 from sim.core.slo import SLO, slo_from_specs  # noqa: E402
-from sim.studies.sweep import (Runner, Search, goodput_searches, mean_ci, meets_slo, size_key,  # noqa: E402
-                               hold_tail, sustained, with_rate)
+from sim.studies.sweep import (Runner, Search, goodput_searches, holds_on_seeds, mean_ci, meets_slo,  # noqa: E402
+                               size_key, hold_tail, sustained, with_rate)
 from sim.studies.plan_verify import TABLE, verify  # noqa: E402
 from sim.studies.verdict import family, rank, verdict  # noqa: E402
 from sim.workloads import build_workload_said, resolve_workload  # noqa: E402
@@ -786,17 +790,25 @@ def check_engine_sets(cands: list[dict], load, slo: SLO, sets: dict) -> None:
 GOODPUT_RESOLUTION = 1.1   # a goodput above the rate is bracketed to within 10% (the highest pass / lowest fail)
 
 
-def goodputs_above(runner: Runner, tables: list[dict], rate: float, slo: SLO,
-                   desc: str = "plan: goodput") -> list[tuple[float, dict | None]]:
-    """The goodput of each deployment (`tables`, each on its seed and meeting the SLOs at `rate`), searched
-    from `rate` upward: the rate doubled until a run misses the SLOs (never beyond the deployment's physical
-    ceiling, `sim.studies.sweep.Search.ceiling_rps`), then geometric bisection until the highest passing
-    rate is within 10% of the lowest failing one (`GOODPUT_RESOLUTION`); the runs of every deployment in one
-    parallel batch per step, each holding its rate as long as the run at R spans (more requests at higher
-    rates, as goodput searches do: `Search.window_s`), the failing ones stopped once certain to miss. Returns
-    (goodput: the highest passing rate; the summary of its run, a full run). The run at R is the table
-    itself (cached); a table missing the SLOs there gets (0, None). Cost per million requests is taken at
-    this goodput: at R it is GPUs / R, the same for every deployment of a GPU count."""
+def goodputs_above(runner: Runner, tables: list[dict], rate: float, slo: SLO, desc: str = "plan: goodput",
+                   seed_tables: list[list[dict]] | None = None) -> list[tuple[float, dict | None]]:
+    """The goodput of each deployment (`tables`, each on its first seed and meeting the SLOs at `rate`),
+    searched from `rate` upward: the rate doubled until a run misses the SLOs (never beyond the deployment's
+    physical ceiling, `sim.studies.sweep.Search.ceiling_rps`), then geometric bisection until the highest
+    passing rate is within 10% of the lowest failing one (`GOODPUT_RESOLUTION`); the runs of every deployment
+    in one parallel batch per step, each holding its rate as long as the run at R spans (more requests at
+    higher rates, as goodput searches do: `Search.window_s`), the failing ones stopped once certain to miss.
+    A run passes by `slo.meets`, the test `--verify` applies (sim/studies/plan_verify.py).
+
+    The highest passing rate of one seed sits on the SLO boundary (its long run fails about as often as it
+    holds: experiments/plan_verify/README.md), so it is not yet the goodput: with `seed_tables` (each
+    deployment's tables on its other paired seeds, at `rate`) the goodput is the highest rate of the ladder
+    g, g / 1.1, g / 1.1^2, ... (g the highest pass; the search's own resolution) at which the rate counts by
+    `sim.studies.sweep.holds_on_seeds`: every seed passes and the lower end of the 95% interval of their
+    margins is >= 0; at `rate` itself it counts (the deployment met the SLOs there by the same rule), so the
+    ladder ends there. Returns (goodput; the first seed's summary at it, a full run). The run at R is the
+    table itself (cached); a table missing the SLOs there gets (0, None). Cost per million requests is
+    taken at this goodput: at R it is GPUs / R, the same for every deployment of a GPU count."""
     searches = [Search({"key": i}, t, [rate], slo=slo) for i, t in enumerate(tables)]
     n = len(searches)
     lo, hi = [0.0] * n, [math.inf] * n
@@ -805,7 +817,7 @@ def goodputs_above(runner: Runner, tables: list[dict], rate: float, slo: SLO,
     while probes:
         res = runner.run([searches[i].at(r) for i, r in probes], desc=desc)
         for (i, r), out in zip(probes, res):
-            if meets_slo(out, slo):
+            if slo.meets(out):
                 lo[i], at[i] = r, out
             else:
                 hi[i] = r
@@ -821,7 +833,45 @@ def goodputs_above(runner: Runner, tables: list[dict], rate: float, slo: SLO,
                 continue
             if lo[i] < r < hi[i]:
                 probes.append((i, r))
+    if seed_tables:
+        todo = [i for i in range(n) if lo[i] > rate and seed_tables[i]]
+        groups = [[searches[i], *(Search({"key": i}, t, [rate], slo=slo) for t in seed_tables[i])] for i in todo]
+        for i, (g, summ) in zip(todo, counted_rates(runner, groups, [lo[i] for i in todo], slo, float(rate),
+                                                    f"{desc}: seeds")):
+            lo[i], at[i] = g, summ[0]
     return [(lo[i], at[i]) for i in range(n)]
+
+
+def counted_rates(runner: Runner, groups: list[list[Search]], starts: list[float], slo: SLO, floor: float,
+                  desc: str, floor_counts: bool = True) -> list[tuple[float, list[dict]]]:
+    """For each group of one deployment's searches, one per paired seed, the highest rate of the ladder
+    start, start / 1.1, start / 1.1^2, ... (`GOODPUT_RESOLUTION`, the searches' own resolution) at which the
+    rate counts, `sim.studies.sweep.holds_on_seeds`, with the group's runs there. The ladder ends at `floor`:
+    with `floor_counts` the floor itself counts unchecked (the demanded rate, where the deployment met the
+    SLOs by the same rule), else a group reaching it has no goodput (0, no runs). Every group's step runs in
+    one parallel batch."""
+    rates = list(starts)
+    done: dict[int, tuple[float, list[dict]]] = {}
+    todo = list(range(len(groups)))
+    while todo:
+        res = runner.run([s.at(rates[i]) for i in todo for s in groups[i]], desc=desc)
+        k, nxt = 0, []
+        for i in todo:
+            summ = res[k:k + len(groups[i])]
+            k += len(groups[i])
+            if holds_on_seeds(slo, summ):
+                done[i] = (rates[i], summ)
+                continue
+            down = round(rates[i] / GOODPUT_RESOLUTION, 4)
+            if down > floor * (1 + 1e-9):
+                rates[i] = down
+                nxt.append(i)
+            elif floor_counts:  # back at the demanded rate, which counts (see above)
+                done[i] = (floor, runner.run([s.at(floor) for s in groups[i]], desc=desc))
+            else:
+                done[i] = (0.0, [])
+        todo = nxt
+    return [done[i] for i in range(len(groups))]
 
 
 def _num(v) -> float:
@@ -873,11 +923,15 @@ def at_rate_row(summaries: list[dict], slo: SLO) -> dict:
     row["kv_headroom"] = min(heads) if heads else math.nan
     margins = [seed_margin(s, slo) for s in summaries]
     row["seeds_meeting"] = sum(slo.meets(s) for s in summaries)
-    row["meets_slo"] = row["seeds_meeting"] == len(summaries)
-    if row["meets_slo"]:
+    every_seed = row["seeds_meeting"] == len(summaries)
+    if every_seed:
         row["margin"], row["margin_ci_lo"], row["margin_ci_hi"] = mean_ci(margins)
     else:
         row["margin"] = row["margin_ci_lo"] = row["margin_ci_hi"] = min(margins)
+    # the rate counts only where every seed meets the SLOs and the margins' 95% interval does not reach
+    # below zero (`sim.studies.sweep.holds_on_seeds`): a thin margin on three short runs is not a sustained one
+    row["meets_slo"] = holds_on_seeds(slo, summaries)
+    row["refused_thin_margin"] = bool(every_seed and not row["meets_slo"])
     row["run_status"] = ";".join(sorted({s.get("status") or "?" for s in summaries}))
     # what the runs cut of the requests (the context or the pool: sim/cli/run.py run_warnings), never silent
     row["truncated_prompts"] = max(int(s.get("num_truncated_prompts") or 0) for s in summaries)
@@ -932,9 +986,13 @@ def cost_unit(prices: dict) -> str:
     return "$" if prices else "GPU-hours"
 
 
-RULE_RATE = ("among those meeting the SLOs on every seed (sustained: not saturated), fewest GPUs, then cost per "
-             "hour (at the rate it orders cost_per_million_at_rate alike), then margin")
-RULE_GOODPUT = "highest goodput (CI ties: lower cost_per_million_at_goodput, then fewer GPUs)"
+RULE_RATE = ("among those meeting the SLOs on every seed (sustained: not saturated; late arrivals too) with the 95% "
+             "interval of their margins not below zero, fewest GPUs, then cost per hour (at the rate it orders "
+             "cost_per_million_at_rate alike), then margin")
+THIN_MARGIN = ("meets the SLOs on every seed, but thinly: the margins' 95% interval reaches {margin_ci_lo:+.1%} "
+               "(sim.studies.sweep.holds_on_seeds), so the rate does not count")
+RULE_GOODPUT = ("highest goodput counted on every seed (sim.studies.sweep.holds_on_seeds; ties where the seeds' goodput "
+                "CIs overlap: lower cost_per_million_at_goodput, then fewer GPUs)")
 COST_NOTE = ("cost columns: cost_per_hour = GPUs x price; cost_per_million_at_rate = serving the demanded rate (the "
              "one to present); cost_per_million_at_goodput = at the candidate's own goodput (efficiency at full load)")
 
@@ -1155,7 +1213,8 @@ def _plan_at_rate(runner, cands, load, slo, seeds, price, within: float, sets: d
     # searched from the rate upward on the first seed, for those meeting the SLOs on every seed
     # (a trace replayed at its timestamps has no rate to raise: its cost stays at its own rate)
     meets = [i for i, r in enumerate(rows) if r["meets_slo"]] if not load.timestamped else []
-    found = goodputs_above(runner, [table(*items[i], seeds[0]) for i in meets], load.rate_rps, slo)
+    found = goodputs_above(runner, [table(*items[i], seeds[0]) for i in meets], load.rate_rps, slo,
+                           seed_tables=[[table(*items[i], s) for s in seeds[1:]] for i in meets])
     for i, (g, at_g) in zip(meets, found):
         rows[i]["goodput_rps"] = g if g > 0 else math.nan
         rows[i]["goodput_mean_tpot_ms"] = _num(at_g.get("mean_tpot_ms")) if at_g and g > 0 else math.nan
@@ -1165,7 +1224,7 @@ def _plan_at_rate(runner, cands, load, slo, seeds, price, within: float, sets: d
     return rows
 
 
-RATE_COLUMNS = ("rate_rps", "goodput_rps", "goodput_ci_lo", "goodput_ci_hi", "goodput_per_gpu")
+RATE_COLUMNS = ("rate_rps", "goodput_rps", "goodput_seed_mean_rps", "goodput_ci_lo", "goodput_ci_hi", "goodput_per_gpu")
 
 
 def in_requests(row: dict, per: float, price: float | None) -> dict:
@@ -1237,22 +1296,34 @@ def _plan_goodput(runner, cands, load, slo, seeds, price, args, sets: dict | Non
     found = goodput_searches(runner, extra_searches, tol=tol, desc="plan: more seeds", full_sweep=False)
     n_more = len(seeds) - 1
     extra = {i: found[j * n_more:(j + 1) * n_more] for j, i in enumerate(more)}
-    # the operating point: 80% of the mean goodput, first seed, a full run (percentiles, KV peak)
+    # The goodput that counts (sim.studies.sweep.holds_on_seeds): each seed's search ends at its own highest
+    # pass, on its SLO boundary, so their mean is one a long run misses about half the time; from the lowest
+    # seed's goodput down the 10% ladder until every seed holds with a margin interval >= 0 (`counted_rates`;
+    # a candidate searched on one seed keeps that seed's goodput: no interval).
+    ladder = [k for k, f in enumerate(first) if k in extra and f["goodput_rps"] > 0
+              and all(e["goodput_rps"] > 0 for e in extra[k])]
+    groups = [[search(*items[k], sd) for sd in seeds] for k in ladder]
+    starts = [min(f["goodput_rps"] for f in [first[k], *extra[k]]) for k in ladder]
+    held = {k: first[k]["goodput_rps"] for k in range(len(items))}
+    held.update({k: 0.0 for k in extra if k not in ladder})
+    held.update({k: g for k, (g, _) in zip(ladder, counted_rates(runner, groups, starts, slo, tol,
+                                                                   "plan: goodput on every seed", False))})
+    # the operating point: 80% of the goodput, first seed, a full run (percentiles, KV peak)
     stats, ops = [], []
     for k, (c, policy) in enumerate(items):
         mine = [first[k], *extra.get(k, [])]
         m, lo, hi = mean_ci([f["goodput_rps"] for f in mine])
-        stats.append((m, lo, hi, sorted({f["flag"] for f in mine if f["flag"]}), len(mine)))
+        stats.append((m, lo, hi, sorted({f["flag"] for f in mine if f["flag"]}), len(mine), held[k]))
         t = search(c, policy, seeds[0], stop=False).table
-        ops.append(with_rate(t, max(0.8 * m, 0.05)))
+        ops.append(with_rate(t, max(0.8 * held[k], 0.05)))
     op_res = runner.run(ops, desc="plan: at 80% of goodput")
-    for (c, policy), (m, lo, hi, flags, n), r in zip(items, stats, op_res):
+    for (c, policy), (m, lo, hi, flags, n, g), r in zip(items, stats, op_res):
         head = kv_headroom(r)
         note = "" if n == len(seeds) else (f"{n} seed: first-seed goodput below {GOODPUT_REPLICATE:.0%} of the best; "
                                            f"not replicated")
         rows.append({**c, "policy": policy, "status": "ok", "reason": "", "num_seeds": n, "note": note,
-                     "goodput_rps": m, "goodput_ci_lo": max(lo, 0.0), "goodput_ci_hi": hi, "goodput_per_gpu": m / c["gpus"],
-                     **cost_columns(c["gpus"], price[c["interconnect"]], None, m),
+                     "goodput_rps": g, "goodput_seed_mean_rps": m, "goodput_ci_lo": max(lo, 0.0), "goodput_ci_hi": hi,
+                     "goodput_per_gpu": g / c["gpus"], **cost_columns(c["gpus"], price[c["interconnect"]], None, g),
                      **{f"{k}_at_80pct": _num(r.get(k)) for k in slo.keys()},
                      "mean_tpot_ms_at_80pct": _num(r.get("mean_tpot_ms")),
                      "kv_headroom_at_80pct": head, "flag": "; ".join(flags),
@@ -1272,6 +1343,8 @@ def _warnings(r: dict, mode: str) -> str:
         w.append("non-monotone SLO outcome in the rate")
     if mode == "rate" and r.get("status") == "ok" and 0 < r.get("seeds_meeting", 0) < r.get("num_seeds", 0):
         w.append(f"meets the SLOs on {int(r['seeds_meeting'])} of {int(r['num_seeds'])} seeds only")
+    if mode == "rate" and r.get("status") == "ok" and r.get("refused_thin_margin") is True:
+        w.append(THIN_MARGIN.format(**r))
     return "; ".join(w)
 # -- outputs (plan.png: sim/studies/plan_plot.py) ------------------------------------------
 

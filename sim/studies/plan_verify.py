@@ -9,7 +9,10 @@ and without an early stop:
 
 each with `VERIFY_FACTOR` times its probe's requests (sessions, for a conversation workload) and at least
 `VERIFY_MIN_REQUESTS`, and reports whether each holds: the SLO percentiles met over all requests and the
-late arrivals, and the run not saturated (`sim.studies.sweep.SustainedSLO`, the criterion the probes used).
+late arrivals, and the run not saturated (`sim.studies.sweep.SustainedSLO.meets`, the test every probe
+applies), with its margin (`SustainedSLO.margin`: the slack of that same test, negative where it fails).
+The probes count a rate more strictly than one pass (`sim.studies.sweep.holds_on_seeds`: every paired seed
+passes and their margins' 95% interval stays >= 0), so that the one long run checked here holds.
 """
 
 from __future__ import annotations

@@ -48,7 +48,7 @@ sstats = lazy("scipy.stats")  # imported on first use (sim/core/lazy.py)
 
 from sim.core.errors import ConfigError, PipeSimError
 from sim.outputs.metrics import meets_slo  # noqa: F401  (re-exported: the goodput criterion)
-from sim.core.slo import SLO
+from sim.core.slo import SLO, pkey
 from dataclasses import fields
 
 # A hinted search's first step away from its hint (req/s; `_gallop`). It moves no result on a
@@ -94,14 +94,55 @@ class SustainedSLO(SLO):
         return super().meets(summary) and not summary.get("saturated")
 
     def margin(self, summary: dict) -> float:
-        """The SLO's margin; for a saturated run at most the completion shortfall, completion / offered - 1
-        (negative: it fails)."""
+        """The margin of the test `meets` applies: the smallest relative slack, 1 - value / threshold, over
+        every objective's percentile over all requests and over the late arrivals (`late_p<q>_<metric>_ms`,
+        when the summary has it), and for a saturated run at most the completion shortfall, completion /
+        offered - 1. Negative where `meets` fails on a threshold, the late arrivals or saturation (before
+        issue 39's conservative goodput it read all requests only: a row that missed on its late arrivals
+        showed a positive margin)."""
         m = super().margin(summary)
+        late = [1 - summary["late_" + pkey(q, metric)] / ms for metric, q, ms in self.objectives()
+                if _finite(summary.get("late_" + pkey(q, metric)))]
+        if late and m == m:
+            m = min(m, *late)
         if not summary.get("saturated"):
             return m
         offered, done = summary.get("offered_rate_rps"), summary.get("completion_rate_rps")
         short = done / offered - 1.0 if offered and done is not None else -1.0
         return min(m, short) if m == m else short
+
+
+def _finite(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+# How a rate counts (issue 39: "a goodput is the highest probed rate that passes, so its long run sits on
+# the SLO boundary"). Every probe and `ppsim plan --verify` judge a run alike, by `SustainedSLO.meets`
+# (each percentile over all requests and over the late arrivals within its threshold, the run not
+# saturated). One short probe passing is not evidence that the rate holds: a percentile over a probe's
+# requests is a noisy estimate of the steady state's, and a rate found as "the highest that passes" is the
+# one whose noise was kindest. So a rate counts for a deployment only if, over its paired seeds (the same
+# seeds every candidate runs), (1) every seed passes and (2) the lower end of the two-sided
+# `HOLD_CONFIDENCE` Student-t interval of the seeds' margins (`SustainedSLO.margin`) is not below zero:
+# the steady-state margin, which a long run measures and the seeds' mean estimates, is positive at
+# 97.5% one-sided confidence. With one seed there is no interval: (1) alone (the plan says so).
+# A deployment whose seeds all pass with a thin, scattered margin is refused: margins of +1%, +4%, +12%
+# (mean 5.7%, s.d. 5.7%) give 5.7% - 4.303 x 5.7% / sqrt(3) = -8.4%.
+HOLD_CONFIDENCE = 0.95
+
+
+def holds_on_seeds(slo: SLO, summaries: list[dict]) -> bool:
+    """Whether a rate counts for a deployment whose runs at it, one per paired seed, are `summaries` (the
+    rule above): every run passes `slo.meets`, and with two seeds or more the lower end of the
+    `HOLD_CONFIDENCE` interval of their `slo.margin` is >= 0."""
+    if not summaries or not all(slo.meets(s) for s in summaries):
+        return False
+    if len(summaries) < 2:
+        return True
+    margins = [slo.margin(s) for s in summaries]
+    if not all(_finite(m) for m in margins):
+        return False
+    return mean_ci(margins, HOLD_CONFIDENCE)[1] >= 0.0
 
 
 # The probe window of a tail objective (`ppsim plan`; issue 39). A percentile p is the value that
