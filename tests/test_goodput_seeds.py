@@ -101,3 +101,20 @@ def test_goodput_steps_down_until_every_seed_holds_by_hand():
     tight = SustainedSLO(ttft_ms=480.0, tpot_ms=50.0)  # seed 1 meets up to 4.8 req/s, seed 2 up to 4.44
     ((g, at4),) = goodputs_above(runner, [tab(1)], 4.0, tight, seed_tables=[[tab(2), tab(3)]])
     assert g == 4.0 and at4["p90_ttft_ms"] == pytest.approx(400.0)
+
+
+def test_a_row_refused_for_a_thin_margin_says_so():
+    import numpy as np
+
+    from sim.studies.cluster_plan import _cluster_warnings
+    from sim.studies.plan import _warnings, at_rate_row
+
+    slo = SustainedSLO(ttft_ms=33.0, tpot_ms=1e6)
+    runs = [evaluate(_table(seed, 33.0)) for seed in (1, 2)]
+    runs.append({**runs[0], "p90_ttft_ms": 32.9, "late_p90_ttft_ms": 32.9})  # a third seed passing at +0.3%
+    row = {"status": "ok", "num_seeds": 3, **at_rate_row(runs, slo)}
+    assert row["seeds_meeting"] == 3 and row["meets_slo"] is False and row["refused_thin_margin"] is True
+    for text in (_warnings(row, "rate"), _cluster_warnings(row)):
+        assert "meets the SLOs on every seed, but thinly" in text and f"{row['margin_ci_lo']:+.1%}" in text
+    assert "thinly" in _warnings({**row, "refused_thin_margin": np.bool_(True)}, "rate")
+    assert "thinly" not in _warnings({**row, "refused_thin_margin": np.nan}, "rate")

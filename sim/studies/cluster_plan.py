@@ -36,13 +36,15 @@ The search, with its stated bounds (each candidate's row says which one decided 
    instances N allows is *pruned* (screen).
 3. Confirmation: the candidates with the fewest GPUs (`--confirm`, default 4 per round, up to 3 rounds;
    the first round adds the fewest-GPU candidate of each mode and node count) are simulated in full (every instance, router, placement, KV transfers) over the paired seeds; one that
-   misses gets the next count of the instance kind it missed with (TTFT: prefill, TPOT: decode) in the
-   next round. A candidate not confirmed keeps its screen numbers (status `estimated`).
+   misses, or meets the SLOs on every seed too thinly to count (`sim.studies.sweep.holds_on_seeds`: the 95%
+   interval of the seeds' margins reaches below zero), gets the next count of the instance kind with the
+   least slack (TTFT: prefill, TPOT: decode) in the next round. A candidate not confirmed keeps its screen numbers (status `estimated`).
 4. Cost (`--price-per-gpu-hour`, else GPU-hours), one basis per column: `cost_per_hour`,
    `cost_per_million_at_rate` (serving R) and `cost_per_million_at_goodput` (at each confirmed candidate's
-   goodput, first seed, searched from R upward to within 10%: `sim.studies.plan.goodputs_above`; NaN
-   where none was measured). plan.png puts each candidate at the rate, on the ranking's basis (output
-   tokens/s per GPU against the margin; an estimate at its screen's: `sim.studies.plan_plot`).
+   goodput, searched from R upward to within 10% on the first seed, then stepped down by 10% until it
+   counts on every seed: `sim.studies.plan.goodputs_above`; NaN where none was measured). plan.png puts
+   each candidate at the rate, on the ranking's basis (output tokens/s per GPU against the margin; an
+   estimate at its screen's: `sim.studies.plan_plot`).
 
 Engines (`--engine fastpp,sglang,vllm-v1,vllm-v0`, any subset; plan.csv's `engine`, `engine_version`): every
 candidate is searched per engine with that engine's own knobs: fastpp the `--policies` (the paper's chunk
@@ -54,7 +56,7 @@ hand-off (`handoff`, sim/engine/disagg.py). Each engine's instances run on the k
 (`ClusterPlan.engine_shapes`, sim/profiling/library.py: on the H100 AIConfigurator's for sglang and vllm-v1,
 Vidur's for fastpp and vllm-v0; `--kernel-data` overrides). The engines' candidates are ranked together.
 
-Ranking: confirmed candidates meeting the SLOs on every seed (sustained: not saturated), by fewest GPUs,
+Ranking: confirmed candidates meeting the SLOs on every seed (sustained: not saturated; by `holds_on_seeds`), by fewest GPUs,
 then cost per hour, then margin (mean over seeds); those of the best one's GPU count whose margin CI overlaps its are tied.
 """
 
@@ -70,8 +72,8 @@ from sim.core.lazy import lazy
 from sim.core.slo import SLO
 from sim.latency.profiled import Profile, kv_capacity_tokens
 from sim.studies.plan import (MEM_FRACTION, POLICIES, THIN_MARGIN, KvPools, at_rate_row, cost_columns, cost_unit,
-                              deployment_table, goodputs_above, model_context, nodes_used, resolve_profile,
-                              throughput_bound_rps, weights_reason, _short)
+                              deployment_table, goodputs_above, model_context, nodes_used, refused_thinly,
+                              resolve_profile, throughput_bound_rps, weights_reason, _short)
 from sim.studies.plan_verify import TABLE, verify
 from sim.studies.sweep import Runner, SustainedSLO, hold_tail, holds_on_seeds, size_key, sustained
 
@@ -673,7 +675,9 @@ class ClusterPlan:
             if found is not None:  # the most clients it holds: goodput_clients, goodput_rps the rate there
                 row.update(goodput_columns(*found))
         row.update(cost_columns(c.gpus, price, rate if math.isfinite(rate) else None, row["goodput_rps"]))
-        if not row["meets_slo"]:
+        if refused_thinly(row):
+            row["note"] = "meets the SLOs on every seed in full simulation, thinly: not counted (see warnings)"
+        elif not row["meets_slo"]:
             row["note"] = "misses the SLOs in full simulation" + (
                 f" on {len(summ) - int(row['seeds_meeting'])} of {len(summ)} seeds" if row["seeds_meeting"] else "")
         elif g is None:
@@ -870,14 +874,15 @@ def run_cluster_plan(args) -> tuple[pd.DataFrame, dict]:
             "first_token": args.first_token, "policies": list(args.policies), "engines": engines,
             "engine_versions": {e: engine_version(e) for e in engines},
             "cost_unit": cost_unit({fam.name: price} if price else {}),
-            "rule": "fewest GPUs meeting the SLOs on every seed (sustained: not saturated), then cost per hour, "
-                    "then margin"}
+            "rule": "fewest GPUs meeting the SLOs on every seed (sustained: not saturated; late arrivals too) with "
+                    "the 95% interval of their margins not below zero, then cost per hour, then margin"}
     if load.clients is not None:
         from sim.studies import concurrency_plan as cp
 
         meta.update(mode="concurrency", concurrency=load.clients, load_unit=cp.UNIT, cost_note=cp.COST_NOTE,
                     rule=f"fewest GPUs meeting the SLOs at {load.clients} concurrent clients on every seed (sustained: "
-                         f"not saturated), then cost per hour, then margin")
+                         f"not saturated; late arrivals too) with the 95% interval of their margins not below "
+                         f"zero, then cost per hour, then margin")
     meta["kv_refused"] = plan.refused_lines()
     meta["verdict"] = cluster_verdict(df, load.rate_rps, slo.describe(), args.max_gpus, plan.pruned, meta["cost_unit"],
                                       clients=load.clients)
@@ -899,7 +904,10 @@ def by_mode_and_nodes(df: pd.DataFrame) -> list[str]:
                     f"95% CI {100 * r['margin_ci_lo']:.1f}% to {100 * r['margin_ci_hi']:.1f}%; rank {int(r['rank'])})")
         else:
             r = g.sort_values(["gpus"]).iloc[0]
-            if r["status"] == "ok":
+            if r["status"] == "ok" and refused_thinly(r):
+                what = (f"{r['deployment']} on {int(r['gpus'])} GPUs meets the SLOs on every seed, thinly (margin "
+                        f"{100 * r['margin']:.1f}%, 95% CI from {100 * r['margin_ci_lo']:.1f}%): not counted")
+            elif r["status"] == "ok":
                 what = f"{r['deployment']} on {int(r['gpus'])} GPUs misses the SLOs in full simulation"
             else:
                 what = (f"{r['deployment']} on {int(r['gpus'])} GPUs by its screen (margin "
@@ -915,6 +923,6 @@ def _cluster_warnings(r: dict) -> str:
         w.append(f"KV headroom {head:.1%} < 5% at the rate")
     if r.get("status") == "ok" and 0 < (r.get("seeds_meeting") or 0) < (r.get("num_seeds") or 0):
         w.append(f"meets the SLOs on {int(r['seeds_meeting'])} of {int(r['num_seeds'])} seeds only")
-    if r.get("status") == "ok" and r.get("refused_thin_margin") is True:
+    if r.get("status") == "ok" and refused_thinly(r):
         w.append(THIN_MARGIN.format(**r))
     return "; ".join(w)

@@ -989,6 +989,12 @@ def cost_unit(prices: dict) -> str:
 RULE_RATE = ("among those meeting the SLOs on every seed (sustained: not saturated; late arrivals too) with the 95% "
              "interval of their margins not below zero, fewest GPUs, then cost per hour (at the rate it orders "
              "cost_per_million_at_rate alike), then margin")
+def refused_thinly(r) -> bool:
+    """Whether a row (dict or pandas row) met the SLOs on every seed but was refused by the margin interval."""
+    v = r.get("refused_thin_margin")
+    return isinstance(v, (bool, np.bool_)) and bool(v)
+
+
 THIN_MARGIN = ("meets the SLOs on every seed, but thinly: the margins' 95% interval reaches {margin_ci_lo:+.1%} "
                "(sim.studies.sweep.holds_on_seeds), so the rate does not count")
 RULE_GOODPUT = ("highest goodput counted on every seed (sim.studies.sweep.holds_on_seeds; ties where the seeds' goodput "
@@ -1343,7 +1349,7 @@ def _warnings(r: dict, mode: str) -> str:
         w.append("non-monotone SLO outcome in the rate")
     if mode == "rate" and r.get("status") == "ok" and 0 < r.get("seeds_meeting", 0) < r.get("num_seeds", 0):
         w.append(f"meets the SLOs on {int(r['seeds_meeting'])} of {int(r['num_seeds'])} seeds only")
-    if mode == "rate" and r.get("status") == "ok" and r.get("refused_thin_margin") is True:
+    if mode == "rate" and r.get("status") == "ok" and refused_thinly(r):
         w.append(THIN_MARGIN.format(**r))
     return "; ".join(w)
 # -- outputs (plan.png: sim/studies/plan_plot.py) ------------------------------------------
