@@ -118,3 +118,31 @@ def test_a_row_refused_for_a_thin_margin_says_so():
         assert "meets the SLOs on every seed, but thinly" in text and f"{row['margin_ci_lo']:+.1%}" in text
     assert "thinly" in _warnings({**row, "refused_thin_margin": np.bool_(True)}, "rate")
     assert "thinly" not in _warnings({**row, "refused_thin_margin": np.nan}, "rate")
+
+
+def test_goodput_mode_ladder_ends_at_zero_without_a_demanded_rate():
+    """`counted_rates` as goodput mode calls it (no demanded rate: floor 0.05 req/s, which does not count
+    unchecked): from the lowest seed's goodput down the 10% ladder; a deployment no rung of which counts has
+    no goodput."""
+    from sim.studies.plan import counted_rates
+    from sim.studies.sweep import Search
+
+    slo = SustainedSLO(ttft_ms=1000.0, tpot_ms=50.0)
+    runner = Runner(None, progress=False, evaluate_fn=_seeded_server())
+    group = [Search({}, {"seed": sd, "workload": {"rate_rps": 4.0, "num_requests": 240}}, [4.0], slo=slo)
+             for sd in (1, 2, 3)]
+    # seed goodputs 10, 9.25, 10.5 (0.05 grid): the ladder starts at the lowest, 9.25, where every seed passes
+    # (seed 2: 999 ms) but the margins' lower end is 1 - 0.11730 x 9.25 < 0 (above); 9.25 / 1.1 = 8.4091 counts
+    ((g, summ),) = counted_rates(runner, [group], [9.25], slo, 0.05, "t", floor_counts=False)
+    assert g == pytest.approx(round(9.25 / 1.1, 4)) and len(summ) == 3
+    never = SustainedSLO(ttft_ms=1.0, tpot_ms=50.0)  # 100 r f <= 1 ms only below 0.0093 req/s: no rung above 0.05
+    ((g0, s0),) = counted_rates(runner, [group], [0.2], never, 0.05, "t", floor_counts=False)
+    assert g0 == 0.0 and s0 == []
+
+
+def test_the_documented_example():
+    from sim.studies.sweep import mean_ci
+
+    # README "How a goodput is measured" and sim/studies/sweep.py: +1%, +4%, +12% -> lower end -8.5%
+    assert _hand_lower_end([0.01, 0.04, 0.12]) == pytest.approx(-0.0846, abs=5e-5)
+    assert mean_ci([0.01, 0.04, 0.12])[1] == pytest.approx(_hand_lower_end([0.01, 0.04, 0.12]))

@@ -127,7 +127,7 @@ def _finite(v) -> bool:
 # the steady-state margin, which a long run measures and the seeds' mean estimates, is positive at
 # 97.5% one-sided confidence. With one seed there is no interval: (1) alone (the plan says so).
 # A deployment whose seeds all pass with a thin, scattered margin is refused: margins of +1%, +4%, +12%
-# (mean 5.7%, s.d. 5.7%) give 5.7% - 4.303 x 5.7% / sqrt(3) = -8.4%.
+# (mean 5.67%, s.d. 5.69%) give 5.67% - 4.303 x 5.69% / sqrt(3) = -8.5% (tests/test_goodput_seeds.py).
 HOLD_CONFIDENCE = 0.95
 
 
