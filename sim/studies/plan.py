@@ -848,8 +848,8 @@ def counted_rates(runner: Runner, groups: list[list[Search]], starts: list[float
     start, start / 1.1, start / 1.1^2, ... (`GOODPUT_RESOLUTION`, the searches' own resolution) at which the
     rate counts, `sim.studies.sweep.holds_on_seeds`, with the group's runs there. The ladder ends at `floor`:
     with `floor_counts` the floor itself counts unchecked (the demanded rate, where the deployment met the
-    SLOs by the same rule), else a group reaching it has no goodput (0, no runs). Every group's step runs in
-    one parallel batch."""
+    SLOs by the same rule; only the first seed's run there is returned), else a group reaching it has no
+    goodput (0, no runs). Every group's step runs in one parallel batch."""
     rates = list(starts)
     done: dict[int, tuple[float, list[dict]]] = {}
     todo = list(range(len(groups)))
@@ -866,8 +866,8 @@ def counted_rates(runner: Runner, groups: list[list[Search]], starts: list[float
             if down > floor * (1 + 1e-9):
                 rates[i] = down
                 nxt.append(i)
-            elif floor_counts:  # back at the demanded rate, which counts (see above)
-                done[i] = (floor, runner.run([s.at(floor) for s in groups[i]], desc=desc))
+            elif floor_counts:  # back at the demanded rate, which counts (see above): the first seed's run there
+                done[i] = (floor, runner.run([groups[i][0].at(floor)], desc=desc))
             else:
                 done[i] = (0.0, [])
         todo = nxt
