@@ -146,3 +146,22 @@ def test_the_documented_example():
     # README "How a goodput is measured" and sim/studies/sweep.py: +1%, +4%, +12% -> lower end -8.5%
     assert _hand_lower_end([0.01, 0.04, 0.12]) == pytest.approx(-0.0846, abs=5e-5)
     assert mean_ci([0.01, 0.04, 0.12])[1] == pytest.approx(_hand_lower_end([0.01, 0.04, 0.12]))
+
+
+def test_a_thin_refusal_shows_the_margin_its_verdict_read():
+    """plan.csv's margin has its verdict's sign (issue 39: failing candidates showed positive margins): a
+    candidate meeting the SLOs on every seed but refused by the interval shows the interval's lower end,
+    below zero, and keeps the seeds' mean beside it."""
+    from sim.studies.plan import at_rate_row
+
+    runs = [evaluate(_table(seed, 33.0)) for seed in (1, 2, 3)]
+    slo = SustainedSLO(ttft_ms=33.0, tpot_ms=1e6)
+    margins = [slo.margin(r) for r in runs]
+    row = at_rate_row(runs, slo)
+    assert row["seeds_meeting"] == 3 and not row["meets_slo"] and row["refused_thin_margin"]
+    assert row["margin"] == pytest.approx(_hand_lower_end(margins)) and row["margin"] < 0
+    assert row["margin_ci_lo"] == row["margin"] and row["margin_seed_mean"] == pytest.approx(sum(margins) / 3)
+    wide = SustainedSLO(ttft_ms=60.0, tpot_ms=1e6)
+    ok = at_rate_row(runs, wide)
+    assert ok["meets_slo"] and ok["margin"] == pytest.approx(sum(wide.margin(r) for r in runs) / 3)
+    assert ok["margin"] > 0 and not ok["refused_thin_margin"]

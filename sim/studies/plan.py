@@ -914,8 +914,10 @@ def kv_headroom(summary: dict) -> float:
 def at_rate_row(summaries: list[dict], slo: SLO) -> dict:
     """One candidate at the user's load, over its seeds: seed means of the latency columns,
     attainment, the worst KV headroom (`kv_headroom`), the margin and the SLO verdict. The margin
-    has the verdict's sign (`seed_margin`): meeting the SLOs on every seed, the mean over seeds and its 95% CI;
-    else the worst seed's (negative: by how much it misses), its CI bounds the same."""
+    has the verdict's sign (`seed_margin`): meeting the SLOs on every seed, the mean over seeds and its 95% CI
+    (refused all the same where that CI reaches below zero: then the margin is the CI's lower end, and
+    `margin_seed_mean` keeps the mean); else the worst seed's (negative: by how much it misses), its CI bounds
+    the same."""
     row = {c: float(np.nanmean([_num(s.get(c)) for s in summaries])) if any(s.get(c) is not None for s in summaries)
            else math.nan for c in metric_columns(slo)}
     row["slo_attainment"] = float(np.mean([_num(s.get("slo_attainment")) for s in summaries]))
@@ -932,6 +934,9 @@ def at_rate_row(summaries: list[dict], slo: SLO) -> dict:
     # below zero (`sim.studies.sweep.holds_on_seeds`): a thin margin on three short runs is not a sustained one
     row["meets_slo"] = holds_on_seeds(slo, summaries)
     row["refused_thin_margin"] = bool(every_seed and not row["meets_slo"])
+    row["margin_seed_mean"] = row["margin"]
+    if row["refused_thin_margin"]:  # the margin the verdict read: the interval's lower end, below zero
+        row["margin"] = row["margin_ci_lo"]
     row["run_status"] = ";".join(sorted({s.get("status") or "?" for s in summaries}))
     # what the runs cut of the requests (the context or the pool: sim/cli/run.py run_warnings), never silent
     row["truncated_prompts"] = max(int(s.get("num_truncated_prompts") or 0) for s in summaries)
