@@ -567,18 +567,91 @@ def test_engine_versions_take_their_releases_defaults_and_unknown_ones_are_refus
         VllmV1Engine().settings(sc("0.9"), h100)
 
 
-def test_vllm_v0_refuses_contexts_where_vllm_turns_chunked_prefill_on():
+def test_vllm_v0_turns_chunked_prefill_on_above_32k_contexts():
+    # arg_utils.py create_engine_config (max_model_len > 32768) and config.py SchedulerConfig (512)
     from types import SimpleNamespace
 
     from sim.core.errors import ConfigError
     from sim.engine.schedulers import Hardware
-    from sim.engine.schedulers.vllm_v0 import VllmV0Engine
+    from sim.engine.schedulers.vllm_v0 import VllmV0ChunkedScheduler, VllmV0Engine
 
-    def sc(ctx):
-        return SimpleNamespace(engine_version="", chunk_size_tokens=0, max_running_requests=0, prefix_cache=None,
-                               cuda_graphs=None, overlap=None, context_length_tokens=ctx)
+    def sc(ctx, chunk=0):
+        return SimpleNamespace(engine_version="", chunk_size_tokens=chunk, max_running_requests=0, prefix_cache=None,
+                               cuda_graphs=None, overlap=None, context_length_tokens=ctx, block_size_tokens=16)
 
     hw = Hardware("a100-sxm-80gb", 80.0, 1, 1)
-    assert VllmV0Engine().settings(sc(32768), hw).token_budget == 32768
-    with pytest.raises(ConfigError, match="turns chunked prefill on above 32768"):
-        VllmV0Engine().settings(sc(32769), hw)
+    off, on = VllmV0Engine().settings(sc(32768), hw), VllmV0Engine().settings(sc(32769), hw)
+    assert off.token_budget == 32768 and off.note.startswith("chunked prefill off")
+    assert on.token_budget == 512 and on.note.startswith("chunked prefill on") and on.max_running == 256
+    assert type(VllmV0Engine().build(on, 1, 100_000, 256, 512, "exit", sc(32769))) is VllmV0ChunkedScheduler
+    assert type(VllmV0Engine().build(off, 1, 100_000, 256, 32768, "exit", sc(32768))) is VllmV0Scheduler
+    with pytest.raises(ConfigError, match="chunk_size_tokens = 100 .* must be >= max_running_requests"):
+        VllmV0Engine().settings(sc(65536, chunk=100), hw)  # SchedulerConfig._verify_args
+
+
+def test_vllm_v0_chunked_prefill_steps_by_hand():
+    # _schedule_chunked_prefill, budget 512: running first (decodes, then running prefills), then
+    # new prompts cut to the rest; only decode-only steps replay a CUDA graph (_use_captured_graph)
+    from sim.engine.schedulers.vllm_v0 import VllmV0ChunkedScheduler
+
+    s = VllmV0ChunkedScheduler(1, 100_000, 256, 512)
+    s.capture_sizes = (1, 2, 4, 8)
+    a = make_req(0, 1000, output=4, context=65536)
+    b = make_req(1, 300, output=4, arrival=0.005, context=65536)
+    c = make_req(2, 10, output=4, arrival=0.005, context=65536)
+    mbs = drive(s, [a, b, c], 6)
+    assert mbs[0].mode == EXTEND and pieces(mbs[0]) == [(0, 512, 0)]
+    # 488 of a's rest, then b's 24 (512 - 488); c waits (the budget is spent)
+    assert pieces(mbs[1]) == [(0, 488, 512), (1, 24, 0)] and c.admit_s == pytest.approx(0.02)
+    # a decodes (1 token), b's 276, c's 10: a mixed step, run eagerly (no padding)
+    assert mbs[2].mode == MIXED and [r.rid for r in mbs[2].decodes] == [0]
+    assert pieces(mbs[2]) == [(1, 276, 24), (2, 10, 0)] and mbs[2].stats.pad_tokens == 0
+    # three decode rows replay the graph of 4
+    assert mbs[3].mode == DECODE and len(mbs[3].decodes) == 3 and mbs[3].stats.pad_tokens == 1
+
+
+def test_vllm_v0_chunked_decodes_eagerly_beyond_max_seq_len_to_capture():
+    # the same rule as without chunked prefill: a decode-only step whose longest sequence passes 8192
+    from sim.engine.schedulers.vllm_v0 import VllmV0ChunkedScheduler
+
+    s = VllmV0ChunkedScheduler(1, 100_000, 256, 32_768)  # a budget that takes the three prompts at once
+    s.capture_sizes = (1, 2, 4, 8)
+    seen = []  # (the longest sequence when the step is formed, its padding)
+    form = s.form_batch
+
+    def form_batch(slot, now):
+        mb = form(slot, now)
+        if mb is not None and mb.mode == DECODE:
+            seen.append((max(r.prompt_len + r.out_len for r in mb.decodes), mb.stats.pad_tokens))
+        return mb
+
+    s.form_batch = form_batch
+    drive(s, [make_req(i, 8189, output=8, context=65536) for i in range(3)], 10)
+    # three rows replay the graph of 4 while 8189 + out_len <= 8192, then run eagerly
+    assert seen == [(8190, 1), (8191, 1), (8192, 1), (8193, 0), (8194, 0), (8195, 0), (8196, 0)]
+
+
+def test_vllm_v0_chunked_admission_keeps_the_watermark_on_the_whole_prompt():
+    # 1000 blocks, watermark 10: a 7,900-token prompt (494 blocks) with 500 free waits (LATER) though
+    # its first 512-token chunk would fit; alone in the pool a 15,900-token one is NEVER: ignored
+    from sim.engine.schedulers.vllm_v0 import VllmV0ChunkedScheduler
+
+    s = VllmV0ChunkedScheduler(1, 16_000, 256, 512)
+    s.kv_free -= 8_000  # 500 blocks held by a running request's prompt
+    b = make_req(1, 7_900, output=3, context=65536)
+    mbs = drive(s, [b], 1)
+    assert mbs[0] is None and list(s.waiting) == [b]
+    s = VllmV0ChunkedScheduler(1, 16_000, 256, 512)
+    c = make_req(2, 15_900, output=3, context=65536)
+    mbs = drive(s, [c], 1)
+    assert mbs[0] is None and not s.waiting and c.state == "ignored" and s.num_ignored == 1
+
+
+def test_sglang_prefill_steps_are_never_padded_decode_steps_are():
+    # PipeSim's SGLang pads decode rows to its captured sizes only (the 0.5.23 prefill graphs,
+    # schedulers/README.md, are not modelled): its EXTEND steps run at their own token count
+    s = SGLangScheduler(1, 100_000, 256, 512, prefix_cache=False)
+    s.capture_sizes = (1, 2, 4, 8)
+    mbs = drive(s, [make_req(i, 5, output=3) for i in range(3)], 3)
+    assert mbs[0].mode == EXTEND and mbs[0].stats.prefill_tokens == 15 and mbs[0].stats.pad_tokens == 0
+    assert mbs[1].mode == DECODE and len(mbs[1].decodes) == 3 and mbs[1].stats.pad_tokens == 1

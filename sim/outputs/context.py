@@ -156,7 +156,9 @@ def describe_engine(sc) -> str:
     if module:
         mod = importlib.import_module(f"sim.engine.schedulers.{module}")
         # (an unknown engine_version is refused here, before the run starts)
-        version = mod.VERSIONS[pick_version(sc.engine, mod.VERSIONS, mod.DEFAULT_VERSION, sc.engine_version)]
+        key = pick_version(sc.engine, mod.VERSIONS, mod.DEFAULT_VERSION, sc.engine_version)
+        label = getattr(mod, "release_label", None)  # (vllm-v0: its mode depends on the context length)
+        version = label(key, sc) if label is not None else mod.VERSIONS[key]
     cache = sc.prefix_cache if sc.prefix_cache is not None else sc.engine in ("sglang", "vllm-v1")
     return f"{sc.engine} ({version}); prefix cache {'on' if cache else 'off'}"
 

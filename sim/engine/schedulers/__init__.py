@@ -5,7 +5,7 @@
 | `fastpp` (default) | `fastpp.py` | the FastPP artifact's fork of SGLang 0.4.1, radix cache off |
 | `sglang` | `sglang.py` | SGLang 0.5.23: prefill-first steps, radix cache, overlap scheduler |
 | `vllm-v1` | `vllm_v1.py` | vLLM 0.10.1.1's V1 scheduler: one token budget, running first, prefix caching |
-| `vllm-v0` | `vllm_v0.py` | vLLM 0.6.3's V0 scheduler with chunked prefill off: prefill-only steps |
+| `vllm-v0` | `vllm_v0.py` | vLLM 0.6.3's V0 scheduler: prefill-only steps; chunked prefill above 32K contexts |
 
 An engine is an object with the `Engine` protocol: it resolves the config's engine defaults
 for the hardware (`settings`), sizes the KV pool as the engine does (`pool`), and builds one

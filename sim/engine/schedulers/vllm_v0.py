@@ -1,4 +1,5 @@
-"""vLLM's V0 scheduler with chunked prefill off (release 0.6.3.post1), for replaying older logs.
+"""vLLM's V0 scheduler (release 0.6.3.post1), for replaying older logs: chunked prefill off, and
+on where vLLM turns it on by default (contexts above 32K).
 
 Read from the release wheel (vllm-0.6.3.post1, `vllm/core/scheduler.py` `_schedule_default`,
 `vllm/core/block_manager.py`):
@@ -14,8 +15,19 @@ Read from the release wheel (vllm-0.6.3.post1, `vllm/core/scheduler.py` `_schedu
 - `worker/model_runner.py` `_use_captured_graph`: a decode batch replays a CUDA graph (padded
   to a captured size) only while its longest sequence is at most `max_seq_len_to_capture`
   (8192, `engine/arg_utils.py`); beyond that it runs eagerly, unpadded;
-- `engine/arg_utils.py` `create_engine_config`: with max_model_len > 32768 chunked prefill is
-  turned on by default, a scheduler this module does not model: such a context is refused.
+- `engine/arg_utils.py` `EngineArgs.create_engine_config`: with max_model_len > 32768
+  (`use_long_context`) and `enable_chunked_prefill` unset, chunked prefill is turned on (on a
+  GPU, without sliding window, speculative decoding, LoRA or multimodal inputs: the modelled
+  case), and `config.py` `SchedulerConfig.__init__` then defaults `max_num_batched_tokens` to
+  512 (`_verify_args`: >= max_num_seqs). `core/scheduler.py` `_schedule_chunked_prefill`
+  (`VllmV0ChunkedScheduler`): one token budget, the running requests first (decodes, then the
+  running prefills' next chunks), then new prompts FCFS cut to the rest of the budget, each
+  admitted under `can_allocate`'s watermark (NEVER: ignored); the prompt limit is max_model_len.
+  Decode and prefill share a step; only a decode-only step replays a CUDA graph
+  (`_use_captured_graph`: `decode_only`), a mixed or prefill step runs eagerly. NOTE: V0
+  allocates a prompt's blocks whole at admission (`_allocate_and_set_running`), PipeSim chunk
+  by chunk (the watermark test is on the whole prompt, as vLLM's); and after a preemption V0
+  still admits the waiting requests behind the victim that step, PipeSim none (V1's rule).
 NOTE: KV is whole blocks (`pool_tokens`, `BlockScheduler`); pipeline parallelism in V0 runs one
 scheduler per virtual engine with 1/pp of the blocks, which PipeSim does not model (pp = 1 only).
 - `core/scheduler.py` `_schedule_prefills`: a waiting request longer than the prompt limit
@@ -36,14 +48,77 @@ from typing import Any
 from sim.core.errors import ConfigError
 from sim.engine.schedulers import EngineSettings, Hardware, pick_version, schedulers
 from sim.engine.schedulers.cached import BlockScheduler
+from sim.engine.schedulers.vllm_v1 import VllmV1Scheduler
 from sim.engine.state import DECODE, EXTEND, IGNORED, RUNNING, MicroBatch, Req
 
 VERSIONS = {"0.6": "vLLM 0.6.3.post1 (V0, chunked prefill off)"}  # `[scheduler] engine_version`
+CHUNKED_VERSIONS = {"0.6": "vLLM 0.6.3.post1 (V0, chunked prefill on: max_model_len > 32768)"}  # the run's label
 DEFAULT_VERSION = "0.6"
 VERSION = VERSIONS[DEFAULT_VERSION]
 WATERMARK = 0.01  # block_manager watermark, a share of the GPU blocks
 MAX_SEQ_LEN_TO_CAPTURE = 8192  # engine/arg_utils.py EngineArgs.max_seq_len_to_capture
 LONG_CONTEXT_TOKENS = 32768  # engine/arg_utils.py: above it chunked prefill is on by default
+CHUNKED_BUDGET_TOKENS = 512  # config.py SchedulerConfig: max_num_batched_tokens with chunked prefill
+
+
+def release_label(key: str, sc: Any) -> str:
+    """The release and its mode, as the run header and summary.json name it."""
+    return (CHUNKED_VERSIONS if sc.context_length_tokens > LONG_CONTEXT_TOKENS else VERSIONS)[key]
+
+
+def runs_eagerly(mb: MicroBatch) -> bool:
+    """model_runner.py `_use_captured_graph`: a decode-only batch replays a CUDA graph only while
+    its longest sequence is at most max_seq_len_to_capture; otherwise the step runs eagerly."""
+    return mb.mode == DECODE and max(r.prompt_len + r.out_len for r in mb.decodes) > MAX_SEQ_LEN_TO_CAPTURE
+
+
+def never_fits(total_blocks: int, watermark_blocks: int, block: int, req: Req) -> bool:
+    """`BlockSpaceManagerV2.can_allocate` returns NEVER (block_manager_v2.py, 0.6.3): its whole
+    sequence (prompt, and after a preemption the tokens it had generated) needs more blocks
+    than the pool less the watermark, `num_total_gpu_blocks - num_required_blocks <
+    watermark_blocks`, however empty the pool."""
+    return total_blocks - -(-req.fill_len // block) < watermark_blocks
+
+
+def ignore(sched: Any, req: Req, now_s: float) -> None:
+    """FINISHED_IGNORED (`_schedule_prefills`): out of the waiting queue, finished with the
+    tokens it has (none for a new prompt), finish reason "length"; the client gets its
+    final chunk then (`llm_engine.py` `_process_model_outputs` returns the ignored groups'
+    outputs with the step's). A preempted request holds no KV (freed at its preemption)."""
+    sched.waiting.popleft()
+    sched.events.append((now_s, req.slot, req.rid, "ignored"))
+    req.state = IGNORED
+    req.finish_s = now_s
+    sched.num_ignored += 1
+    if sched.on_finish is not None:
+        sched.on_finish(req)
+
+
+class VllmV0ChunkedScheduler(VllmV1Scheduler):
+    """`_schedule_chunked_prefill` (module docstring): V1's token-budget step without prefix
+    caching, with V0's admission (`_admission`) and V0's CUDA graphs (`pad`)."""
+
+    def __init__(self, num_slots: int, kv_tokens: int, max_running_requests: int, chunk_size: int,
+                 on_kv_exhausted: str = "exit", block_size: int = 16) -> None:
+        super().__init__(num_slots, kv_tokens, max_running_requests, chunk_size, on_kv_exhausted, False, block_size)
+        self.total_blocks = kv_tokens // block_size
+        self.watermark_blocks = int(WATERMARK * self.total_blocks)
+        self.num_ignored = 0
+
+    def _admission(self, req: Req, hit: int, path: Any, new: int, now_s: float) -> str:
+        # `_schedule_prefills(enable_chunking=True)`: can_allocate on the whole sequence (NEVER:
+        # ignored; LATER: stop), then the chunk's own blocks
+        if never_fits(self.total_blocks, self.watermark_blocks, self.block, req):
+            ignore(self, req, now_s)
+            return "ignored"
+        if self.free_blocks(path) - self.blocks_for(req, req.fill_len - hit) < self.watermark_blocks:
+            return "later"
+        return super()._admission(req, hit, path, new, now_s)
+
+    def pad(self, mb: MicroBatch | None) -> MicroBatch | None:
+        if mb is not None and runs_eagerly(mb):
+            return mb  # (a mixed or prefill step is never padded: pad_total is off)
+        return super().pad(mb)
 
 
 class VllmV0Scheduler(BlockScheduler):
@@ -70,8 +145,8 @@ class VllmV0Scheduler(BlockScheduler):
         slot.last = mb
         if mb is not None:
             self.num_launched += 1
-            if mb.mode == DECODE and max(r.prompt_len + r.out_len for r in mb.decodes) > MAX_SEQ_LEN_TO_CAPTURE:
-                return mb  # _use_captured_graph: too long a sequence, the step runs eagerly
+            if runs_eagerly(mb):
+                return mb
         return self.pad(mb)
 
     def _prefills(self, slot: Any, now_s: float) -> MicroBatch | None:
@@ -83,8 +158,8 @@ class VllmV0Scheduler(BlockScheduler):
             req = self.waiting[0]
             hit, path = self.lookup(req, now_s)
             need = req.fill_len - hit
-            if need > self.prompt_limit or self.never_fits(req):
-                self._ignore(req, now_s)
+            if need > self.prompt_limit or never_fits(self.total_blocks, self.watermark_blocks, self.block, req):
+                ignore(self, req, now_s)
                 continue
             if self.free_blocks(path) - self.blocks_for(req, need) < self.watermark_blocks:
                 break  # AllocStatus.LATER
@@ -107,26 +182,6 @@ class VllmV0Scheduler(BlockScheduler):
         self.stall(slot)  # the running decodes wait this prefill step out
         return MicroBatch(self.num_launched, slot.index, EXTEND, pieces, [], None, self.chunk_size,
                           decode_ctx=0, decode_left=(0, 0))
-
-    def never_fits(self, req: Req) -> bool:
-        """`BlockSpaceManagerV2.can_allocate` returns NEVER (block_manager_v2.py, 0.6.3): its whole
-        sequence (prompt, and after a preemption the tokens it had generated) needs more blocks
-        than the pool less the watermark, `num_total_gpu_blocks - num_required_blocks <
-        watermark_blocks`, however empty the pool."""
-        return self.total_blocks - -(-req.fill_len // self.block) < self.watermark_blocks
-
-    def _ignore(self, req: Req, now_s: float) -> None:
-        """FINISHED_IGNORED (`_schedule_prefills`): out of the waiting queue, finished with the
-        tokens it has (none for a new prompt), finish reason "length"; the client gets its
-        final chunk then (`llm_engine.py` `_process_model_outputs` returns the ignored groups'
-        outputs with the step's). A preempted request holds no KV (freed at its preemption)."""
-        self.waiting.popleft()
-        self.events.append((now_s, req.slot, req.rid, "ignored"))
-        req.state = IGNORED
-        req.finish_s = now_s
-        self.num_ignored += 1
-        if self.on_finish is not None:
-            self.on_finish(req)
 
     def _decodes(self, slot: Any, now_s: float) -> MicroBatch | None:
         if not slot.running:
@@ -176,11 +231,23 @@ class VllmV0Engine:
         if sc.prefix_cache:
             raise ConfigError("config [scheduler] prefix_cache = true with engine 'vllm-v0': V0's automatic prefix "
                               "caching is not modelled (it is off by default in V0); allowed: false")
+        max_seqs = sc.max_running_requests or 256
+        graphs = sc.cuda_graphs if sc.cuda_graphs is not None else True
+        # worker/model_runner.py: decode-only batches padded to [1, 2, 4] + multiples of 8 up to 256
+        sizes = tuple([1, 2, 4] + list(range(8, 257, 8))) if graphs else ()
         if sc.context_length_tokens > LONG_CONTEXT_TOKENS:
-            raise ConfigError(f"config [scheduler] context_length_tokens = {sc.context_length_tokens} with engine "
-                              f"'vllm-v0': vLLM 0.6.3 turns chunked prefill on above {LONG_CONTEXT_TOKENS} tokens "
-                              f"(arg_utils.py create_engine_config), a V0 scheduler PipeSim does not model; allowed: "
-                              f"<= {LONG_CONTEXT_TOKENS} (or engine 'vllm-v1')")
+            # arg_utils.py create_engine_config: chunked prefill on; config.py SchedulerConfig: 512
+            budget = sc.chunk_size_tokens or CHUNKED_BUDGET_TOKENS
+            if budget < max_seqs:  # SchedulerConfig._verify_args refuses to start
+                raise ConfigError(f"config [scheduler] chunk_size_tokens = {budget} with engine 'vllm-v0' and "
+                                  f"chunked prefill (context_length_tokens > {LONG_CONTEXT_TOKENS}): the budget "
+                                  f"(max_num_batched_tokens) must be >= max_running_requests (max_num_seqs, "
+                                  f"{max_seqs}); allowed: 0 (the default, {CHUNKED_BUDGET_TOKENS}) or >= {max_seqs}")
+            return EngineSettings(engine="vllm-v0", token_budget=budget, max_running=max_seqs, prefix_cache=False,
+                                  cuda_graphs=graphs, overlap=False, capture_sizes=sizes, pad_total_tokens=False,
+                                  version=release_label(version, sc),
+                                  note=f"chunked prefill on (max_model_len > {LONG_CONTEXT_TOKENS}), "
+                                       f"max_num_batched_tokens {budget}, max_num_seqs {max_seqs}")
         # SchedulerConfig (0.6.3): without chunked prefill, max(max_model_len, 2048)
         budget = sc.chunk_size_tokens or max(sc.context_length_tokens, 2048)
         if budget < sc.context_length_tokens:
@@ -188,17 +255,18 @@ class VllmV0Engine:
             raise ConfigError(f"config [scheduler] chunk_size_tokens = {budget} with engine 'vllm-v0': without chunked "
                               f"prefill the budget (max_num_batched_tokens) must be >= the context length "
                               f"({sc.context_length_tokens}); allowed: 0 (the default) or >= {sc.context_length_tokens}")
-        max_seqs = sc.max_running_requests or 256
-        graphs = sc.cuda_graphs if sc.cuda_graphs is not None else True
-        # worker/model_runner.py: decode-only batches padded to [1, 2, 4] + multiples of 8 up to 256
-        sizes = tuple([1, 2, 4] + list(range(8, 257, 8))) if graphs else ()
         return EngineSettings(engine="vllm-v0", token_budget=budget, max_running=max_seqs, prefix_cache=False,
                               cuda_graphs=graphs, overlap=False, capture_sizes=sizes, pad_total_tokens=False,
                               version=VERSIONS[version], note=f"chunked prefill off, max_num_batched_tokens {budget}, "
                                                     f"max_num_seqs {max_seqs}")
 
     def build(self, settings: EngineSettings, num_slots: int, kv_tokens: int, max_running: int, chunk_size: int,
-              on_kv_exhausted: str, sc: Any) -> VllmV0Scheduler:
+              on_kv_exhausted: str, sc: Any) -> VllmV0Scheduler | VllmV0ChunkedScheduler:
+        if sc.context_length_tokens > LONG_CONTEXT_TOKENS:  # chunked prefill on (settings)
+            chunked = VllmV0ChunkedScheduler(num_slots, kv_tokens, max_running, chunk_size, on_kv_exhausted,
+                                             sc.block_size_tokens)
+            chunked.capture_sizes = settings.capture_sizes
+            return chunked
         sched = VllmV0Scheduler(num_slots, kv_tokens, max_running, chunk_size, on_kv_exhausted, False,
                                 sc.block_size_tokens)
         sched.capture_sizes = settings.capture_sizes

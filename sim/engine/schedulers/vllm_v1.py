@@ -179,7 +179,10 @@ class VllmV1Scheduler(BlockScheduler):
                 hit, path = self.lookup(req, now_s)
                 remaining = req.fill_len - hit
                 new = min(remaining, budget, self.threshold or remaining)
-                if self.blocks_for(req, new) > self.free_blocks(path):
+                verdict = self._admission(req, hit, path, new, now_s)
+                if verdict == "ignored":
+                    continue  # dropped from the queue (vLLM V0's FINISHED_IGNORED)
+                if verdict == "later":
                     break  # head-of-line: admission stops at the first request that does not fit
                 self.waiting.popleft()
                 self.admit_hit(req, hit, path, now_s)
@@ -214,6 +217,12 @@ class VllmV1Scheduler(BlockScheduler):
         slot.last = mb
         self.num_launched += 1
         return mb
+
+    def _admission(self, req: Req, hit: int, path: Any, new: int, now_s: float) -> str:
+        """Whether the head of the waiting queue is admitted with `new` tokens this step: "admit",
+        or "later" (its allocation fails: admission stops). vLLM V0's chunked prefill (vllm_v0.py)
+        adds its watermark and "ignored"."""
+        return "later" if self.blocks_for(req, new) > self.free_blocks(path) else "admit"
 
     def _hide_cuts(self, mb: MicroBatch) -> tuple[list[tuple[Req, int, int]], Req | None] | None:
         """With several partial prefills a step can cut more than one prompt; the scheduler
