@@ -585,6 +585,12 @@ def test_vllm_v0_turns_chunked_prefill_on_above_32k_contexts():
     assert on.token_budget == 512 and on.note.startswith("chunked prefill on") and on.max_running == 256
     assert type(VllmV0Engine().build(on, 1, 100_000, 256, 512, "exit", sc(32769))) is VllmV0ChunkedScheduler
     assert type(VllmV0Engine().build(off, 1, 100_000, 256, 32768, "exit", sc(32768))) is VllmV0Scheduler
+    # the run header and summary.json name the mode (sim/outputs/context.py describe_engine)
+    from sim.outputs.context import describe_engine
+
+    run = SimpleNamespace(engine="vllm-v0", engine_version="", prefix_cache=None, context_length_tokens=65536)
+    assert describe_engine(run) == "vllm-v0 (" + on.version + "); prefix cache off" and "chunked prefill on" in on.version
+    assert "chunked prefill off" in off.version
     with pytest.raises(ConfigError, match="chunk_size_tokens = 100 .* must be >= max_running_requests"):
         VllmV0Engine().settings(sc(65536, chunk=100), hw)  # SchedulerConfig._verify_args
 
