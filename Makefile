@@ -19,8 +19,9 @@ native: $(STAMP)
 run: native
 	$(VENV)/bin/ppsim run experiments/configs/default.toml --out runs/default --force
 
+# --durations=25: the slowest tests in every CI log (make test must stay under its time budget)
 test: native
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --durations=25
 
 test-all: native
 	$(PY) -m pytest -q --runslow
