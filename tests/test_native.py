@@ -85,41 +85,53 @@ CASES = {
                      "disaggregation": {"prefill": {"instances": 1, "tp": 2}, "decode": {"instances": 1, "tp": 2}}}),
 }
 
+# Every case in one fresh process per build (the sources, then the compiled modules): a process
+# start and the imports cost about a second of CPU, as much as a case's run
 _RUN = """
-import sys
+import json, sys
 from sim import native
 from sim.cli import main
-rc = main(["run", sys.argv[1], "--out", sys.argv[2], "--force"])
+codes = {name: main(["run", cfg, "--out", out, "--force"]) for name, (cfg, out) in json.loads(sys.argv[1]).items()}
+print("CODES", json.dumps(codes))
 print("ACTIVE", native.active())
-sys.exit(rc)
 """
 
 
-def _run(cfg, out, pure: bool) -> bool:
-    """`ppsim run` in a fresh process; returns whether the compiled modules were in use."""
+def _run(cases: dict, pure: bool) -> bool:
+    """`ppsim run` of every case (name -> (config, out)) in a fresh process; returns whether the compiled
+    modules were in use."""
     env = {**os.environ, "PIPESIM_PURE": "1" if pure else "0"}
-    proc = subprocess.run([sys.executable, "-c", _RUN, str(cfg), str(out)], cwd=REPO, env=env,
-                          capture_output=True, text=True)
-    assert proc.returncode in (0, 1), proc.stderr[-2000:]  # (1: a run stopped by its SLO)
+    proc = subprocess.run([sys.executable, "-c", _RUN, json.dumps({k: list(map(str, v)) for k, v in cases.items()})],
+                          cwd=REPO, env=env, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    codes = json.loads(next(ln for ln in proc.stdout.splitlines() if ln.startswith("CODES "))[6:])
+    assert set(codes) == set(cases) and all(c in (0, 1) for c in codes.values()), codes  # (1: stopped by its SLO)
     return "ACTIVE True" in proc.stdout
+
+
+@pytest.fixture(scope="module")
+def both_builds(tmp_path_factory):
+    """Each case run by the sources and by the compiled modules: name -> (pure folder, compiled folder)."""
+    root = tmp_path_factory.mktemp("native")
+    for case, (scheme, model, workload, extra) in CASES.items():
+        table = scheme_table(scheme, model, workload, seed=1, extra=extra)
+        if "disaggregation" in table:
+            table.pop("parallel")  # (the pools say theirs)
+        (root / f"{case}.toml").write_text(tomlio.dumps(table))
+    assert not _run({c: (root / f"{c}.toml", root / "pure" / c) for c in CASES}, pure=True)
+    assert _run({c: (root / f"{c}.toml", root / "compiled" / c) for c in CASES}, pure=False)  # compiled in use
+    return {c: (root / "pure" / c, root / "compiled" / c) for c in CASES}
 
 
 @pytest.mark.skipif(native.fresh_build() is None, reason="no fresh compiled build: run `make native`")
 @pytest.mark.parametrize("case", sorted(CASES))
-def test_the_compiled_engine_gives_the_same_bytes(case, tmp_path):
-    scheme, model, workload, extra = CASES[case]
-    cfg = tmp_path / "run.toml"
-    table = scheme_table(scheme, model, workload, seed=1, extra=extra)
-    if "disaggregation" in table:
-        table.pop("parallel")  # (the pools say theirs)
-    cfg.write_text(tomlio.dumps(table))
-    assert not _run(cfg, tmp_path / "pure", pure=True)
-    assert _run(cfg, tmp_path / "compiled", pure=False)  # the compiled modules were in use
-    names = sorted(p.name for p in (tmp_path / "pure").iterdir())
-    assert names == sorted(p.name for p in (tmp_path / "compiled").iterdir())
+def test_the_compiled_engine_gives_the_same_bytes(case, both_builds):
+    pure, compiled = both_builds[case]
+    names = sorted(p.name for p in pure.iterdir())
+    assert names == sorted(p.name for p in compiled.iterdir())
     assert {"requests.csv", "iterations.csv", "summary.json"} <= set(names)
     for name in names:
-        assert (tmp_path / "pure" / name).read_bytes() == (tmp_path / "compiled" / name).read_bytes(), name
+        assert (pure / name).read_bytes() == (compiled / name).read_bytes(), name
 
 
 _SIBLINGS = """
