@@ -14,6 +14,7 @@ import pytest
 from sim.core.config import config_from_table
 from sim.engine.schedulers.fastpp import Scheduler
 from sim.engine.state import Req
+from sim.latency.profiled import Profile
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO.parent / "shared" / "data"
@@ -31,6 +32,34 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "slow" in item.keywords:
             item.add_marker(skip)
+
+
+# Every shipped profile (profiles/**, read-only in the suite) loaded once per session: the tests that walk
+# all ~360 of them (`profile check --all`, the physical bounds, the plan's throughput bound) spent most of
+# their time reloading the same files (~25 ms each). Profiles are shared read-only objects in the
+# simulator too (each sweep worker caches its own: sim/latency/profiled.py).
+_SHIPPED_PROFILES: dict[Path, Profile] = {}
+_LOAD = Profile.load.__func__  # (the loader itself, for the fixture's stand-in to call)
+
+
+def load_shipped(path) -> Profile:
+    """Profile.load of a shipped profile, memoised for the session."""
+    key = Path(path).resolve()
+    if key not in _SHIPPED_PROFILES:
+        _SHIPPED_PROFILES[key] = _LOAD(Profile, path)
+    return _SHIPPED_PROFILES[key]
+
+
+@pytest.fixture
+def shipped_profiles_loaded_once(monkeypatch):
+    """Within the test, Profile.load of a path under profiles/ returns the session's copy (load_shipped);
+    any other path (a test's own tmp copy, which it may damage) is loaded afresh."""
+    shipped = (REPO / "profiles").resolve()
+
+    def load(cls, path):
+        return load_shipped(path) if shipped in Path(path).resolve().parents else _LOAD(cls, path)
+
+    monkeypatch.setattr(Profile, "load", classmethod(load))
 
 
 def make_req(rid: int, prompt: int, output: int = 10, arrival: float = 0.0, context: int = 16384) -> Req:

@@ -340,7 +340,7 @@ def test_cost_columns_by_hand():
     assert math.isnan(cost_columns(8, None, None, 1.0)["cost_per_million_at_rate"])
 
 
-def test_the_throughput_bound_is_finite_for_every_shipped_profile():
+def test_the_throughput_bound_is_finite_for_every_shipped_profile(shipped_profiles_loaded_once):
     # 95 of the 137 shipped profiles have a last grid point lower than the one before; the slope of those two
     # made their bound infinite, so a plan never pruned anything on them
     from sim.core.config import REPO_ROOT

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import functools
 import json
 import math
 import shutil
@@ -12,7 +11,7 @@ import tomllib
 import numpy as np
 import pytest
 
-from conftest import REPO
+from conftest import REPO, load_shipped
 from sim.cli import main as ppsim
 from sim.cli.profile import shipped_profile_dirs
 from sim.core.errors import ConfigError, DataError
@@ -28,10 +27,16 @@ L8 = REPO / "profiles" / "built" / "a100-sxm-80gb" / "llama-3.1-8b" / "tp1"
 SHIPPED = shipped_profile_dirs()
 
 
-@functools.cache
-def _shipped(d) -> Profile:
-    """Each shipped profile loaded once for the loops below (343 of them; read-only use)."""
-    return Profile.load(d)
+_shipped = load_shipped  # each shipped profile loaded once for the loops below (read-only use)
+_REPORTS: dict = {}  # (profile folder, max_tokens) -> its check: the bounds test's, then the CLI's
+
+
+def _check(prof, max_tokens=None):
+    """check_profile, once per shipped profile: `profile check --all` below repeats the bounds test's checks."""
+    key = (str(prof.path), max_tokens)
+    if key not in _REPORTS:
+        _REPORTS[key] = check_profile(prof, max_tokens=max_tokens)
+    return _REPORTS[key]
 
 
 def test_every_profile_is_found():
@@ -48,7 +53,7 @@ def test_no_shipped_profile_exceeds_a_physical_bound_up_to_its_context_length():
     for d in SHIPPED:
         prof = _shipped(d)
         assert prof.context_length, f"{d}: [model] context_length_tokens missing"
-        report = check_profile(prof)
+        report = _check(prof)
         assert report.max_tokens == prof.context_length
         assert report.prefill[-1]["tokens"] == prof.context_length
         mx = report.maxima()
@@ -72,7 +77,12 @@ def test_non_attention_time_at_2n_is_at_least_1_6x_that_at_n_for_every_shipped_p
             assert layer >= GROWTH_BOUND and stage >= GROWTH_BOUND, (d, n, layer, stage)
 
 
-def test_profile_check_cli_over_every_shipped_profile_exits_0(capsys):
+def test_profile_check_cli_over_every_shipped_profile_exits_0(capsys, monkeypatch, shipped_profiles_loaded_once):
+    # the command's own walk, loading and printing, over the checks the bounds test made (the same function
+    # of the same profiles: `_check`); run alone, it makes them
+    import sim.latency.physics
+
+    monkeypatch.setattr(sim.latency.physics, "check_profile", _check)
     assert ppsim(["profile", "check", "--all"]) == 0
     out = capsys.readouterr().out.splitlines()
     assert out[-1].startswith(f"{len(SHIPPED)} profiles checked up to their context length; 0 with problems")
