@@ -161,14 +161,16 @@ sys.addaudithook(_audit)
 
 
 @contextlib.contextmanager
-def confined(*allowed: Path, label: str = "", tree: Path = REPO):
+def confined(*allowed: Path, label: str = "", tree: Path | None = REPO):
     """Hold the body (one case) to "no write outside `allowed`, no change to the project's tree":
     every write, folder made or file removed by this process must lie under one of the `allowed`
     folders (the case's scratch folder and --out), and the working tree of the project (`tree`) must
-    be the same before and after (files and folders, sizes and modification times)."""
+    be the same before and after (files and folders, sizes and modification times). `tree=None`
+    leaves the tree to the caller, who compares it around a batch of cases (`tree_unchanged`): a
+    write this process makes there is still caught here, as outside `allowed`."""
     global _WRITES
     roots = [os.path.abspath(a) for a in allowed]
-    before = tree_state(tree)
+    before = tree_state(tree) if tree is not None else None
     _WRITES = []
     try:
         yield
@@ -180,6 +182,13 @@ def confined(*allowed: Path, label: str = "", tree: Path = REPO):
     outside = sorted({w for w in writes if not any(w == r or w.startswith(r + os.sep) for r in roots + LIBRARY_CACHES)
                       and not (w.startswith(scratch) and not os.path.lexists(w))})
     assert not outside, f"{label}: wrote outside {', '.join(roots)}: {outside[:5]}"
+    if before is not None:
+        tree_unchanged(before, label, tree, writes)
+
+
+def tree_unchanged(before: dict, label: str, tree: Path = REPO, writes=()) -> None:
+    """The project's tree as `before` (tree_state), but for a change this process made no write call
+    for, in a tree shared with people editing it (SHARED_TREE): a note then."""
     after = tree_state(tree)
     changed = sorted(k for k in before.keys() | after.keys() if before.get(k) != after.get(k))
     ours = [c for c in changed if str(tree / c) in writes]

@@ -26,7 +26,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from sim.core.limits import max_num_requests
-from tests.fuzzing import check, confined, invoke, snapshot, toml_value
+from tests.fuzzing import check, confined, invoke, snapshot, toml_value, tree_state, tree_unchanged
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT = str(REPO / "experiments" / "configs" / "default.toml")
@@ -82,11 +82,12 @@ def fuzz_settings(request):
     return examples(request)
 
 
-def _run_case(tmp: Path, argv: list[str], names: tuple[str, ...], sets: tuple[str, ...] = ()) -> str:
+def _run_case(tmp: Path, argv: list[str], names: tuple[str, ...], sets: tuple[str, ...] = (),
+              tree: Path | None = REPO) -> str:
     out = tmp / "out"
     shutil.rmtree(out, ignore_errors=True)
     before = snapshot(tmp, skip=out)
-    with confined(tmp, label=f"ppsim {' '.join(argv)}"):  # (writes only under tmp, the project unchanged)
+    with confined(tmp, label=f"ppsim {' '.join(argv)}", tree=tree):  # (writes only under tmp, the project unchanged)
         code, stdout, stderr = invoke([*argv, "--out", str(out)])
     verdict = check(argv, code, stdout, stderr, run_dir=out if code != 2 else None, names=names, sets=sets)
     assert snapshot(tmp, skip=out) == before, f"ppsim {' '.join(argv)}: wrote or changed files outside --out"
@@ -435,6 +436,9 @@ def test_every_profile_number_the_simulator_reads_at_every_sharp_value(tmp_path)
     base = tomllib.loads((PROFILES["tiny"] / "meta.toml").read_text())
     spots = [(sec, key) for sec, keys in META_RANGES.items() for key in keys] + [(sec, None) for sec in base]
     folder, n = tmp_path / "prof", 0
+    # the project's tree compared once around the ~800 cases, not around each (two walks of the tree
+    # were half of each case's time); each case's own writes are still held to tmp_path (confined)
+    tree = tree_state()
     for sec, key in spots:
         for value in [*SHARP, None]:
             meta = json.loads(json.dumps(base))  # (a deep copy)
@@ -454,8 +458,9 @@ def test_every_profile_number_the_simulator_reads_at_every_sharp_value(tmp_path)
             (folder / "meta.toml").write_text(tomli_w.dumps(meta))
             argv = ["run", DEFAULT, "--set", f'latency.profile="{folder}"', "--set", "parallel.pp=1",
                     "--set", "workload.num_requests=20", "--no-iterations"]
-            _run_case(tmp_path, argv, names=(str(folder), "the model does not fit in GPU memory"))
+            _run_case(tmp_path, argv, names=(str(folder), "the model does not fit in GPU memory"), tree=None)
             n += 1
+    tree_unchanged(tree, f"{n} runs of the tiny profile at sharp values")
     assert n > 500
 
 def test_the_harness_sees_a_write_outside_the_case_and_a_change_to_the_tree(tmp_path, monkeypatch):
@@ -480,6 +485,12 @@ def test_the_harness_sees_a_write_outside_the_case_and_a_change_to_the_tree(tmp_
     with pytest.raises(AssertionError, match="changed the project's tree"):
         with confined(case, tree=tree):  # a change no Python call made (C code, a child process)
             subprocess.run(["touch", "-d", "2001-01-01", str(tree / "kept.txt")], check=True)
+    # a batch of cases whose tree is compared once around them: caught there
+    before = tree_state(tree)
+    with confined(case, tree=None):
+        subprocess.run(["touch", "-d", "2002-02-02", str(tree / "kept.txt")], check=True)
+    with pytest.raises(AssertionError, match="changed the project's tree"):
+        tree_unchanged(before, "a batch", tree)
     code, out, err = 2, "", "ppsim: error: --set parallel.pp=0: pp must be >= 1\n"
     check(["run"], code, out, err, sets=("parallel.pp",))
     with pytest.raises(AssertionError, match="blames no --set"):
