@@ -166,7 +166,7 @@ def test_plan_at_a_rate_writes_every_candidate_with_its_numbers(tmp_path, capsys
     code = main(["plan", "--model", "qwen2.5-14b", "--gpus", "2", "--workload", "azure-conv-synth", "--quick",
                  "--set", "workload.num_requests=40", "--rate", "1.5", "--slo", "ttft:p99:3000", "--slo",
                  "tpot:p90:150", "--seeds", "2", "--price-per-gpu-hour", "2.0", "--no-progress", "--out", str(out),
-                 "--json", str(tmp_path / "j.json")])
+                 "--json", str(tmp_path / "j.json"), "--jobs", "2"])
     text = capsys.readouterr().out
     assert code == 0
     df = pd.read_csv(out / "plan.csv")
@@ -204,7 +204,7 @@ def test_plan_at_a_rate_writes_every_candidate_with_its_numbers(tmp_path, capsys
 def test_plan_goodput_mode(tmp_path, capsys, seeds):
     code = main(["plan", "--model", "qwen2.5-14b", "--gpus", "2", "--workload", "azure-conv-synth", "--quick",
                  "--set", "workload.num_requests=40", "--seeds", str(seeds), "--price-per-gpu-hour", "2.0",
-                 "--no-progress", "--out", str(tmp_path)])
+                 "--no-progress", "--out", str(tmp_path), "--jobs", "2"])
     text = capsys.readouterr().out
     assert code == 0
     df = pd.read_csv(tmp_path / "plan.csv")
@@ -305,11 +305,11 @@ def test_gpus_beyond_a_node_are_placed_on_nodes(tmp_path, capsys):
     assert cluster_table(1, 8, "ib-ndr") is None
     assert cluster_table(2, 8, "ib-ndr") == {"nodes": 2, "gpus_per_node": 8, "network": "ib-ndr"}
     # 2 GPUs on 1-GPU nodes over RoCE: every split takes two nodes and is simulated there (its PP send, its
-    # TP all-reduces, its second replica on the other node)
+    # TP all-reduces, its second replica on the other node); one policy: placement is the split's, not the policy's
     out = tmp_path / "p"
     code = main(["plan", "--model", "qwen2.5-14b", "--gpus", "2", "--gpus-per-node", "1", "--network", "roce-100g",
                  "--workload", "azure-conv-synth", "--quick", "--set", "workload.num_requests=20", "--rate", "4",
-                 "--seeds", "1", "--no-progress", "--out", str(out)])
+                 "--seeds", "1", "--policies", "static-512", "--jobs", "2", "--no-progress", "--out", str(out)])
     text = capsys.readouterr().out
     assert code == 0 and "placed on nodes of 1 (roce-100g between them)" in text
     df = pd.read_csv(out / "plan.csv")
