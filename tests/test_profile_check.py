@@ -77,7 +77,8 @@ def test_non_attention_time_at_2n_is_at_least_1_6x_that_at_n_for_every_shipped_p
             assert layer >= GROWTH_BOUND and stage >= GROWTH_BOUND, (d, n, layer, stage)
 
 
-def test_profile_check_cli_over_every_shipped_profile_exits_0(capsys, monkeypatch, shipped_profiles_loaded_once):
+def test_profile_check_cli_over_every_shipped_profile_exits_0(capsys, monkeypatch,
+                                                            shipped_profiles_loaded_once):
     # the command's own walk, loading and printing, over the checks the bounds test made (the same function
     # of the same profiles: `_check`); run alone, it makes them
     import sim.latency.physics
