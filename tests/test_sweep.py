@@ -184,10 +184,13 @@ def test_a_sweep_run_keeps_no_gaps_and_returns_the_same_summary():
     assert len(without.requests.itls.values) == 0
 
 
-def test_goodput_is_the_same_with_early_stopping():
+# the table's rate_rps sets the searches' window (60 requests over 7.5 s or 60 s), which the extension past
+# the sweep holds at every rate: both windows stop some runs and end others "met" early
+@pytest.mark.parametrize("window_rate", [8.0, pytest.param(1.0, marks=pytest.mark.slow)])
+def test_goodput_is_the_same_with_early_stopping(window_rate):
     tables = []
     for stop, met in ((False, False), (True, False), (True, True)):
-        t = small_table(1.0)
+        t = small_table(window_rate)
         t["workload"]["num_requests"] = 60
         t["slo"] = {"ttft_ms": 300.0, "tpot_ms": 40.0, "stop_when_violated": stop, "stop_when_met": met}
         tables.append(t)
@@ -196,6 +199,7 @@ def test_goodput_is_the_same_with_early_stopping():
                for r, t in zip(runners, tables)]
     assert results[0] == results[1] == results[2]
     assert "met" in {s["status"] for s in runners[2].cache.values()}
+    assert "stopped" in {s["status"] for s in runners[1].cache.values()}
 
 
 @pytest.mark.parametrize("rate", [1.0, 3.0, 5.0, 7.0, 9.0, 12.0])
