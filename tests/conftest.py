@@ -36,8 +36,8 @@ def pytest_collection_modifyitems(config, items):
 
 # Every shipped profile (profiles/**, read-only in the suite) loaded once per session: the tests that walk
 # all ~360 of them (`profile check --all`, the physical bounds, the plan's throughput bound) spent most of
-# their time reloading the same files (~25 ms each). Profiles are shared read-only objects in the
-# simulator too (each sweep worker caches its own: sim/latency/profiled.py).
+# their time reloading the same files (~25 ms each). Profiles are read-only data that the simulator
+# shares between runs too (sim/engine/run.py, load_profile_cached).
 _SHIPPED_PROFILES: dict[Path, Profile] = {}
 _LOAD = Profile.load.__func__  # (the loader itself, for the fixture's stand-in to call)
 
