@@ -87,8 +87,9 @@ def test_trigger_at_fires_like_a_timeout():
 
 
 def test_a_pipeline_run_alone_is_the_run_on_simpys_dispatch():
-    """`Pipeline.run_alone` (one replica: no other process on the clock) gives the run that
-    `env.run()` dispatching the same pipeline's events gives, iteration for iteration."""
+    """`Pipeline.run_alone` (one replica: no other process on the clock; each iteration's end
+    handed over as a time, no SimPy event) gives the run that `env.run()` dispatching the same
+    pipeline's events gives, iteration for iteration."""
     import simpy
 
     from sim.core.config import config_from_table
@@ -102,6 +103,7 @@ def test_a_pipeline_run_alone_is_the_run_on_simpys_dispatch():
     real = Pipeline.run_alone
     try:
         def on_simpy(self):  # what run_alone replaces: a process dispatched by env.run()
+            self.alone = False  # (its loop then waits on SimPy events, not handing over end times)
             proc = self.env.process(self._scheduler())
             self.env.run(until=proc)
         Pipeline.run_alone = on_simpy

@@ -267,6 +267,7 @@ class Pipeline:
         self.factors = (1.0,) * self.P  # this iteration's per-stage jitter (1.0: none)
         self.inflight: deque = deque([None] * self.P, maxlen=self.P)  # micro-batch in stage s
         # alone: the only process on its clock, driven by `run_alone` instead of env.run()
+        self.alone = alone
         self.proc: Any = None if alone else env.process(self._scheduler())
 
     def run_alone(self) -> None:
@@ -278,17 +279,24 @@ class Pipeline:
         queue = env._queue
         loop = self._scheduler()
         try:
-            loop.send(None)
+            until = loop.send(None)
             while True:
-                if len(queue) != 1:
-                    raise RuntimeError(f"a pipeline run alone found {len(queue)} scheduled events instead of its own")
-                env._now = heappop(queue)[0]
-                loop.send(None)
+                if until.__class__ is float:
+                    # an iteration's end, handed over as a time (`_scheduler`): no event was made
+                    if queue:
+                        raise RuntimeError(f"a pipeline run alone found {len(queue)} scheduled events besides its own")
+                    env._now = until
+                else:
+                    if len(queue) != 1:
+                        raise RuntimeError(f"a pipeline run alone found {len(queue)} scheduled events instead of its own")
+                    env._now = heappop(queue)[0]
+                until = loop.send(None)
         except StopIteration:
             pass
 
     def _scheduler(self):
         env, sched, P = self.env, self.sched, self.P
+        alone = self.alone  # driven by `run_alone`, which takes an iteration's end as a float
         queue = self.inbox.queue
         # An inbox closed from the start holds the whole workload and changes only by this
         # loop's pops: the head's arrival is kept here (`next_s`) instead of being asked of the
@@ -397,10 +405,16 @@ class Pipeline:
             for s in range(P):
                 m = inflight[s]
                 busy[s] = m.stage_s[s] * self.factors[s] if m is not None else 0.0
-            done = env.event()
-            _trigger_at(env, done, (now + (host_s if host_s > 0 else 0.0)) + max(busy))
-            yield done
-            end = env.now
+            end = (now + (host_s if host_s > 0 else 0.0)) + max(busy)
+            if alone:
+                # run alone (`run_alone`): the end time itself is handed over and the clock set to
+                # it, no SimPy event made, scheduled and popped per iteration (the same float)
+                yield end
+            else:
+                done = env.event()
+                _trigger_at(env, done, end)
+                yield done
+                end = env.now
             prev_gpu_s = max(self.busy) if mb is not None else 0.0
             self._record(k, slot, now, end, mb, kv_used, kv_active)
             if mb is not None:
