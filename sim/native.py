@@ -9,7 +9,8 @@ sources load as usual, so an edited source is never shadowed by a stale build.
 `PIPESIM_PURE=1` forces the sources (the test suite does, since some tests patch engine methods,
 which compiled classes do not allow; tests/test_native.py checks that both give byte-identical
 outputs). The compiled modules are the lock-step loop, the scheduler, the request and batch
-state, the latency model's per-batch stage times (sim/latency/stagetimer.py), the variance draws
+state, the latency model's per-batch stage times (sim/latency/stagetimer.py) and batch summary
+(sim/latency/batchstats.py), the variance draws
 and ALP's predictor: the per-iteration Python that dominates a run (benchmarks/README.md).
 """
 
@@ -23,7 +24,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "build" / "native"
 MODULES = ("sim.engine.state", "sim.engine.schedulers.fastpp", "sim.engine.pipeline", "sim.engine.view", "sim.engine.records",
-           "sim.latency.variance", "sim.latency.stagetimer", "sim.policies.rls", "sim.engine.prefix_cache",
+           "sim.latency.variance", "sim.latency.stagetimer", "sim.latency.batchstats", "sim.policies.rls", "sim.engine.prefix_cache",
            "sim.engine.schedulers.cached", "sim.engine.schedulers.sglang", "sim.engine.schedulers.vllm_v1",
            "sim.engine.schedulers.vllm_v0", "sim.engine.schedulers.roles")
 GROUP = "pipesim_native"  # mypyc's shared library is the module GROUP + "__mypyc"

@@ -5,7 +5,7 @@ from __future__ import annotations
 from array import array
 from typing import Any
 
-from sim.latency.base import BatchStats
+from sim.latency.batchstats import BatchStats  # (compiled with this module: built without a Python frame)
 from sim.core.lazy import lazy
 
 np = lazy("numpy")  # imported on first use (sim/core/lazy.py)
