@@ -322,7 +322,7 @@ class Pipeline:
         every = getattr(self.policy, "decides_every_steps", 1)
         stage_times = self.latency.stage_times
         while True:
-            now = env.now
+            now = env._now  # (what SimPy's `now` property returns, read without its Python frame)
             if horizon and now >= horizon:
                 break
             if self.guard is not None and (self.guard.reason or (k % SLOGuard.CHECK_EVERY == 0 and self.guard.check(now))):
@@ -414,7 +414,7 @@ class Pipeline:
                 done = env.event()
                 _trigger_at(env, done, end)
                 yield done
-                end = env.now
+                end = env._now
             prev_gpu_s = max(self.busy) if mb is not None else 0.0
             self._record(k, slot, now, end, mb, kv_used, kv_active)
             if mb is not None:
