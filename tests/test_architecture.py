@@ -123,3 +123,39 @@ def test_a_planted_upward_import_is_caught(module, line):
 def test_type_checking_imports_are_allowed():
     src = "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from sim.engine.view import BatchInfo\n"
     assert violations(src, "sim.policies.rls") == []
+
+
+# The capacity planner (`ppsim plan`), lowest first: each module imports only those before it, at any depth of
+# a function, so that no planner module imports another sideways or upward (issue 39: plan.py and
+# cluster_plan.py imported each other; concurrency_plan.py imported plan.py inside a function).
+PLANNER = ("sim.studies.plan_candidates", "sim.studies.plan_probes", "sim.studies.plan_verify", "sim.studies.verdict",
+           "sim.studies.plan_plot", "sim.studies.concurrency_plan", "sim.studies.cluster_plan", "sim.studies.plan")
+
+
+def planner_violations(source: str, module: str) -> list[str]:
+    below = PLANNER[:PLANNER.index(module)]
+    out = []
+    for line, target in imports_of(source, module):
+        hit = max((m for m in PLANNER if target == m or target.startswith(m + ".")), key=len, default=None)
+        if hit is not None and hit not in below:
+            out.append(f"{module}:{line} imports {hit}, not below it in the planner")
+    return out
+
+
+def test_the_planner_modules_import_only_downward():
+    found = []
+    for module in PLANNER:
+        path = REPO.joinpath(*module.split(".")).with_suffix(".py")
+        found += planner_violations(path.read_text(), module)
+    assert found == []
+
+
+@pytest.mark.parametrize("module, line", [
+    ("sim.studies.plan_candidates", "    from sim.studies.concurrency_plan import check_workload"),  # upward
+    ("sim.studies.cluster_plan", "from sim.studies.plan import plan_load"),                        # upward
+    ("sim.studies.concurrency_plan", "    from sim.studies import cluster_plan"),                  # upward
+    ("sim.studies.plan_probes", "from sim.studies.plan_probes import label"),                      # itself
+])
+def test_a_planted_sideways_planner_import_is_caught(module, line):
+    src = "def f():\n" + line if line.startswith("    ") else line + "\n"
+    assert len(planner_violations(src, module)) == 1

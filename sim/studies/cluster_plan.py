@@ -71,9 +71,15 @@ from sim.core.errors import ConfigError
 from sim.core.lazy import lazy
 from sim.core.slo import SLO
 from sim.latency.profiled import Profile, kv_capacity_tokens
-from sim.studies.plan import (MEM_FRACTION, POLICIES, THIN_MARGIN, KvPools, at_rate_row, cost_columns, cost_unit,
-                              deployment_table, goodputs_above, model_context, nodes_used, refused_thinly,
-                              resolve_profile, throughput_bound_rps, weights_reason, _short)
+from sim.studies import concurrency_plan as cp
+from sim.studies.concurrency_plan import clients_above, goodput_columns, hold_clients, mean_achieved
+from sim.studies.concurrency_plan import verify as verify_clients
+from sim.studies.plan_candidates import (MEM_FRACTION, POLICIES, KvPools, check_engine_sets, deployment_table,
+                                         engine_overrides, engine_sizes, family_dir, model_context, nodes_used,
+                                         plan_load, plan_model_of, plan_overrides, resolve_profile,
+                                         throughput_bound_rps, weights_reason, _short)
+from sim.studies.plan_probes import (THIN_MARGIN, at_rate_row, cost_columns, cost_unit, goodputs_above, parse_prices,
+                                     refused_thinly)
 from sim.studies.plan_verify import TABLE, verify
 from sim.studies.sweep import Runner, SustainedSLO, hold_tail, holds_on_seeds, size_key, sustained
 
@@ -624,8 +630,6 @@ class ClusterPlan:
         that goodput (`sim.studies.plan.goodputs_above`); at N clients the most clients meeting the SLOs, the
         summary there and a flag (`sim.studies.concurrency_plan.clients_above`)."""
         if self.clients is not None:
-            from sim.studies.concurrency_plan import clients_above
-
             found = clients_above(self.runner, [self.table_of(c, self.seeds[0], True) for c in ok], self.clients,
                                   self.slo)
             return {c.key(): f for c, f in zip(ok, found)}
@@ -668,8 +672,6 @@ class ClusterPlan:
         row["goodput_mean_tpot_ms"] = _num(at_g.get("mean_tpot_ms")) if at_g else math.nan
         rate = self.rate
         if self.clients is not None:  # cost at what it serves at N clients (sim/studies/concurrency_plan.py)
-            from sim.studies.concurrency_plan import goodput_columns, mean_achieved
-
             rate = row["rate_rps"] = row["achieved_rps"] = mean_achieved(summ)
             row["concurrency"] = self.clients
             if found is not None:  # the most clients it holds: goodput_clients, goodput_rps the rate there
@@ -790,8 +792,6 @@ def run_cluster_plan(args) -> tuple[pd.DataFrame, dict]:
     """`ppsim plan --rate R --max-gpus N` (module docstring): the plan table (ranked) and its metadata."""
     from sim.core.slo import slo_from_specs
     from sim.latency.cluster import load_network
-    from sim.studies.plan import (check_engine_sets, engine_overrides, engine_sizes, family_dir, parse_prices,
-                                  plan_load, plan_model_of, plan_overrides)
 
     slo = sustained(slo_from_specs(args.slo, SLO(ttft_ms=args.slo_ttft_ms, tpot_ms=args.slo_tpot_ms)))
     slo.validate("plan --slo")
@@ -820,8 +820,6 @@ def run_cluster_plan(args) -> tuple[pd.DataFrame, dict]:
     price = parse_prices(args.price_per_gpu_hour, [fam.name]).get(fam.name)
     load = plan_load(args, overrides)
     if load.clients is not None:  # a closed loop's probes (sim/studies/concurrency_plan.py)
-        from sim.studies.concurrency_plan import hold_clients
-
         load.changes += tuple(x for x in [hold_clients(load.table, load.clients, slo, args.quick,
                                                        "num_requests" in overrides)] if x)
     else:
@@ -859,8 +857,6 @@ def run_cluster_plan(args) -> tuple[pd.DataFrame, dict]:
     df = rank_cluster(df)
     df["warnings"] = [_cluster_warnings(r) for r in df.to_dict("records")]
     if load.clients is not None and getattr(args, "verify", False):
-        from sim.studies.concurrency_plan import verify as verify_clients
-
         checks = verify_clients(runner, df.to_dict("records"), load.clients, slo)
     else:
         checks = verify(runner, df.to_dict("records"), load.rate_rps, slo) if getattr(args, "verify", False) else None
@@ -877,8 +873,6 @@ def run_cluster_plan(args) -> tuple[pd.DataFrame, dict]:
             "rule": "fewest GPUs meeting the SLOs on every seed (sustained: not saturated; late arrivals too) with "
                     "the 95% interval of their margins not below zero, then cost per hour, then margin"}
     if load.clients is not None:
-        from sim.studies import concurrency_plan as cp
-
         meta.update(mode="concurrency", concurrency=load.clients, load_unit=cp.UNIT, cost_note=cp.COST_NOTE,
                     rule=f"fewest GPUs meeting the SLOs at {load.clients} concurrent clients on every seed (sustained: "
                          f"not saturated; late arrivals too) with the 95% interval of their margins not below "

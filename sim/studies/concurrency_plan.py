@@ -8,7 +8,7 @@ clients, meets the SLOs or not (`sim.studies.sweep.SustainedSLO`, as in rate mod
 on every seed are ranked as in rate mode: fewest GPUs, then cost per hour, then margin
 (`sim.studies.verdict.rank`).
 
-Probe length, mirroring rate mode (sim/studies/plan.py `plan_load`, sim/studies/sweep.py `tail_requests`):
+Probe length, mirroring rate mode (sim/studies/plan_candidates.py `plan_load`, sim/studies/sweep.py `tail_requests`):
 
 - the tail rule: at least `tail_requests(slo)` requests, so that the SLO's highest percentile rests on
   `TAIL_SAMPLES` requests past the warm-up share (`hold_tail`);
@@ -32,7 +32,7 @@ no achieved rate (NaN), as its percentiles.
 Goodput in users (`clients_above`, as rate mode's `goodputs_above`): for each candidate meeting the SLOs on
 every seed, the most clients meeting them, first seed, searched from N upward: N doubled until a level misses
 (at most `CLIENTS_CAP` x N; one still passing there is flagged), then bisection on the integers until the
-highest passing level is within 10% of the lowest failing one (sim/studies/plan.py `GOODPUT_RESOLUTION`).
+highest passing level is within 10% of the lowest failing one (sim/studies/plan_probes.py `GOODPUT_RESOLUTION`).
 Each level holds `MIN_ROUNDS` requests per client (sim/studies/concurrency.py `with_concurrency`), failing
 runs stopped once certain to miss. `goodput_clients` is that level, `goodput_rps` the rate achieved there,
 `cost_per_million_at_goodput` the cost at it (efficiency at the most users it holds).
@@ -49,6 +49,9 @@ import math
 
 from sim.core.errors import ConfigError
 from sim.studies.concurrency import MIN_ROUNDS, with_concurrency
+from sim.studies.plan_candidates import (STOP_FACTOR, _cluster_of, check_workload,  # noqa: F401 (check_workload: its home)
+                                         deployment_table, policies_for)
+from sim.studies.plan_probes import at_rate_row, cost_columns, metric_columns
 from sim.studies.plan_verify import TABLE, VERIFY_FACTOR, VERIFY_MIN_REQUESTS, VERIFY_TOP
 from sim.studies.sweep import tail_requests
 
@@ -60,7 +63,7 @@ COST_NOTE = ("cost columns: cost_per_hour = GPUs x price; cost_per_million_at_ra
              "cost_per_million_at_goodput = at the rate it achieves with the most clients meeting the SLOs "
              "(goodput_clients, goodput_rps; first seed)")
 CLIENTS_CAP = 16  # the goodput search in clients stops at 16 N (flagged when it still passes there)
-RESOLUTION = 1.1  # the highest passing level within 10% of the lowest failing one (plan.py GOODPUT_RESOLUTION)
+RESOLUTION = 1.1  # the highest passing level within 10% of the lowest failing one (plan_probes.py GOODPUT_RESOLUTION)
 
 
 def check_flags(args) -> None:
@@ -95,14 +98,6 @@ def hold_clients(table: dict, n: int, slo, quick: bool = False, asked: bool = Fa
     table["num_requests"] = need
     return (f"probes hold at least {need} requests (were {have}): {MIN_ROUNDS} per client of the {n} (the first "
             f"round, all {n} sent at once, is the warm-up) and the SLO's tail (sim.studies.sweep.tail_requests)")
-
-
-def check_workload(merged: dict, name: str) -> None:
-    """A conversation workload's turns follow their sessions' clocks; a closed loop over them is not planned."""
-    if merged.get("kind") == "conversation" or "num_sessions" in merged:
-        raise ConfigError(f"--concurrency with --workload {name}: a conversation workload sends its turns on its "
-                          f"sessions' clocks, which a closed loop of clients does not model; allowed: a request "
-                          f"workload (e.g. azure-conv-synth, sharegpt)")
 
 
 def with_clients(table: dict, n: float) -> dict:
@@ -203,8 +198,6 @@ def plan_rows(runner, cands: list[dict], load, slo, seeds: list[int], price: dic
     first seed everywhere, stopped once a percentile certainly exceeds `STOP_FACTOR` x its threshold; the
     other seeds where the first-seed margin is within `within` of the SLO boundary or of the best of its
     cost per hour)."""
-    from sim.studies.plan import (STOP_FACTOR, _cluster_of, at_rate_row, cost_columns, deployment_table,
-                                  metric_columns, policies_for)
 
     items = [(c, p) for c in cands for p in policies_for(c, asked)]
     sets = sets or {}

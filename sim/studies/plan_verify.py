@@ -1,6 +1,6 @@
 """`ppsim plan --verify`: does the plan's answer hold when simulated at length?
 
-A plan's probes are as long as its searches can afford (sim/studies/plan.py: `PROBE_MIN_WINDOW_S`); a
+A plan's probes are as long as its searches can afford (sim/studies/plan_candidates.py: `PROBE_MIN_WINDOW_S`); a
 planner presenting an answer wants it checked on a longer run. The check re-simulates, on the first seed
 and without an early stop:
 

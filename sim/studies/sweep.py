@@ -155,7 +155,7 @@ def holds_on_seeds(slo: SLO, summaries: list[dict]) -> bool:
 # P90: 267 requests, P95: 534, P99: 2,667, P99.9: 26,667. With 20 samples beyond it the empirical P99
 # of 2,000 measured requests is their 20th largest, whose rank's 95% binomial interval (20 +- 1.96
 # sqrt(19.8), 11 to 29) puts it between P98.5 and P99.5. `--quick` applies TAIL_SAMPLES_QUICK (a
-# screen: P99 on 5 samples, 667 requests). The probe's time window (plan.py `PROBE_MIN_WINDOW_S`)
+# screen: P99 on 5 samples, 667 requests). The probe's time window (plan_candidates.py `PROBE_MIN_WINDOW_S`)
 # still applies: the larger of the two.
 TAIL_SAMPLES = 20
 TAIL_SAMPLES_QUICK = 5
