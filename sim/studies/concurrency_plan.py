@@ -56,8 +56,9 @@ from sim.studies.plan_verify import TABLE, VERIFY_FACTOR, VERIFY_MIN_REQUESTS, V
 from sim.studies.sweep import tail_requests
 
 UNIT = "concurrent clients"
-RULE = ("among those meeting the SLOs at {n} concurrent clients on every seed (sustained: not saturated), fewest "
-        "GPUs, then cost per hour, then margin")
+RULE = ("among those meeting the SLOs at {n} concurrent clients on every seed (sustained: not saturated; late "
+        "arrivals too) with the 95% interval of their margins not below zero, fewest GPUs, then cost per hour, "
+        "then margin")
 COST_NOTE = ("cost columns: cost_per_hour = GPUs x price; cost_per_million_at_rate = at the candidate's achieved "
              "throughput at N clients (achieved_rps = completed / duration, its rate_rps); "
              "cost_per_million_at_goodput = at the rate it achieves with the most clients meeting the SLOs "

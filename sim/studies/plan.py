@@ -1,5 +1,10 @@
 """`ppsim plan`: what-if capacity planning. Which deployment of N GPUs serves a load best?
 
+The planner's modules, each importing only those before it (ARCHITECTURE.md): `plan_candidates`
+(models, profiles, splits, KV-pool refusals, overrides, the load), `plan_probes` (probes at a rate,
+goodputs, margins, costs), `plan_verify`, `verdict`, `plan_plot`, `concurrency_plan` (users' units),
+`cluster_plan` (`--max-gpus`) and this one, which runs the `--gpus N` and plain plans.
+
 Candidates: every `replicas` x (TP x PP) split of the N GPUs (TP over the divisors of a
 replica's GPUs), behind a round-robin or least-loaded router when there are several
 replicas, with every chunk policy (static 256/512/1024/2048, greedy, predictive, predictive +
