@@ -165,3 +165,41 @@ def test_a_thin_refusal_shows_the_margin_its_verdict_read():
     ok = at_rate_row(runs, wide)
     assert ok["meets_slo"] and ok["margin"] == pytest.approx(sum(wide.margin(r) for r in runs) / 3)
     assert ok["margin"] > 0 and not ok["refused_thin_margin"]
+
+
+def _seeded_clients():
+    """Closed loop: P90 TTFT = 45 ms x clients x f(seed) (f = 1, 1.08, 0.95), TPOT 10 ms."""
+    f = {1: 1.0, 2: 1.08, 3: 0.95}
+
+    def ev(table):
+        m, n = table["workload"]["concurrency"], table["workload"]["num_requests"]
+        ttft = 45.0 * m * f[table["seed"]]
+        return {"status": "ok", "num_requests": n, "num_finished": n, "p90_ttft_ms": ttft, "p90_tpot_ms": 10.0,
+                "late_p90_ttft_ms": ttft, "late_p90_tpot_ms": 10.0, "saturated": False, "duration_s": 10.0}
+
+    return ev
+
+
+def test_goodput_in_clients_steps_down_until_every_seed_holds_by_hand():
+    """Issue 41: `ppsim plan --concurrency N`'s goodput_clients counts by the rule the rate's goodput does."""
+    from sim.studies.concurrency_plan import clients_above
+
+    slo = SustainedSLO(ttft_ms=1000.0, tpot_ms=50.0)
+    tab = lambda seed: {"seed": seed, "workload": {"concurrency": 4, "num_requests": 240}}  # noqa: E731
+    runner = Runner(None, progress=False, evaluate_fn=_seeded_clients())
+    # the first seed alone (meets 1,000 ms up to 22 clients): 4, 8, 16 pass, 32 fails; bisection sqrt(16 x 32)
+    # -> 23 fails, sqrt(16 x 23) -> 19 passes, sqrt(19 x 23) -> 21 passes; 23 / 21 < 1.1: 21 clients
+    ((old, _, _),) = clients_above(runner, [tab(1)], 4, slo)
+    assert old == 21
+    # with the other seeds: at 21 seed 2 fails (45 x 21 x 1.08 = 1,020.6 ms); floor(21 / 1.1) = 19: every seed
+    # passes, but the margins 1 - 0.855 f have a lower end below zero; floor(19 / 1.1) = 17 counts
+    ((new, at, flag),) = clients_above(runner, [tab(1)], 4, slo, seed_tables=[[tab(2), tab(3)]])
+    assert 45.0 * 21 * 1.08 > 1000.0
+    assert _hand_lower_end([1 - 0.045 * 19 * f for f in (1.0, 1.08, 0.95)]) < 0
+    assert _hand_lower_end([1 - 0.045 * 17 * f for f in (1.0, 1.08, 0.95)]) >= 0
+    assert new == 17 and at["p90_ttft_ms"] == pytest.approx(45.0 * 17) and flag == ""  # the first seed's run
+    # never below N, which counts: seed 1 holds 250 ms up to 5 clients, where the interval reaches below zero
+    tight = SustainedSLO(ttft_ms=250.0, tpot_ms=50.0)
+    assert _hand_lower_end([1 - 45.0 * 5 * f / 250.0 for f in (1.0, 1.08, 0.95)]) < 0
+    ((g, at4, _),) = clients_above(runner, [tab(1)], 4, tight, seed_tables=[[tab(2), tab(3)]])
+    assert g == 4 and at4["p90_ttft_ms"] == pytest.approx(180.0)

@@ -627,11 +627,13 @@ class ClusterPlan:
     def _goodputs(self, ok: list[Cand]) -> dict[tuple, tuple[float, dict | None]]:
         """Goodput of each confirmed candidate, searched from R upward on the first seed and counted where every
         seed holds with a margin interval not below zero (cost at goodput), with the first seed's summary at
-        that goodput (`sim.studies.plan.goodputs_above`); at N clients the most clients meeting the SLOs, the
-        summary there and a flag (`sim.studies.concurrency_plan.clients_above`)."""
+        that goodput (`sim.studies.plan.goodputs_above`); at N clients the most clients meeting the SLOs, counted
+        on every seed by the same rule, the first seed's summary there and a flag
+        (`sim.studies.concurrency_plan.clients_above`)."""
         if self.clients is not None:
             found = clients_above(self.runner, [self.table_of(c, self.seeds[0], True) for c in ok], self.clients,
-                                  self.slo)
+                                  self.slo, seed_tables=[[self.table_of(c, s, True) for s in self.seeds[1:]]
+                                                         for c in ok])
             return {c.key(): f for c, f in zip(ok, found)}
         found = goodputs_above(self.runner, [self.table_of(c, self.seeds[0], True) for c in ok], self.rate, self.slo,
                                seed_tables=[[self.table_of(c, s, True) for s in self.seeds[1:]] for c in ok])

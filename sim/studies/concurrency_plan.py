@@ -34,8 +34,12 @@ every seed, the most clients meeting them, first seed, searched from N upward: N
 (at most `CLIENTS_CAP` x N; one still passing there is flagged), then bisection on the integers until the
 highest passing level is within 10% of the lowest failing one (sim/studies/plan_probes.py `GOODPUT_RESOLUTION`).
 Each level holds `MIN_ROUNDS` requests per client (sim/studies/concurrency.py `with_concurrency`), failing
-runs stopped once certain to miss. `goodput_clients` is that level, `goodput_rps` the rate achieved there,
-`cost_per_million_at_goodput` the cost at it (efficiency at the most users it holds).
+runs stopped once certain to miss. One seed's highest pass sits on the SLO boundary, so that level is then
+stepped down, m, floor(m / 1.1), ... (integer clients, never below N, which counts), until it counts on every
+paired seed as a rate does (`counted_clients`, sim/studies/sweep.py `holds_on_seeds`: every seed meets the SLOs
+and the lower end of the 95% interval of their margins is >= 0). `goodput_clients` is that level,
+`goodput_rps` the rate the first seed achieved there, `cost_per_million_at_goodput` the cost at it (efficiency at
+the most users it holds).
 
 `--verify` re-simulates the recommendation at N clients and the `VERIFY_TOP` candidates holding the most
 clients at theirs, with `VERIFY_FACTOR` x their probe's requests (at least `VERIFY_MIN_REQUESTS`), no early
@@ -53,7 +57,7 @@ from sim.studies.plan_candidates import (STOP_FACTOR, _cluster_of, check_workloa
                                          deployment_table, policies_for)
 from sim.studies.plan_probes import at_rate_row, cost_columns, metric_columns
 from sim.studies.plan_verify import TABLE, VERIFY_FACTOR, VERIFY_MIN_REQUESTS, VERIFY_TOP
-from sim.studies.sweep import tail_requests
+from sim.studies.sweep import holds_on_seeds, tail_requests
 
 UNIT = "concurrent clients"
 RULE = ("among those meeting the SLOs at {n} concurrent clients on every seed (sustained: not saturated; late "
@@ -62,7 +66,7 @@ RULE = ("among those meeting the SLOs at {n} concurrent clients on every seed (s
 COST_NOTE = ("cost columns: cost_per_hour = GPUs x price; cost_per_million_at_rate = at the candidate's achieved "
              "throughput at N clients (achieved_rps = completed / duration, its rate_rps); "
              "cost_per_million_at_goodput = at the rate it achieves with the most clients meeting the SLOs "
-             "(goodput_clients, goodput_rps; first seed)")
+             "(goodput_clients, counted on every seed; goodput_rps, the first seed's)")
 CLIENTS_CAP = 16  # the goodput search in clients stops at 16 N (flagged when it still passes there)
 RESOLUTION = 1.1  # the highest passing level within 10% of the lowest failing one (plan_probes.py GOODPUT_RESOLUTION)
 
@@ -160,11 +164,13 @@ def _finite(v) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
-def clients_above(runner, tables: list[dict], n: int, slo,
-                  desc: str = "plan: most clients") -> list[tuple[int, dict | None, str]]:
-    """For each table (a closed loop of `n` clients on its seed, meeting the SLOs there): (the most clients
-    meeting the SLOs, the summary of its run, a flag) by the search of the module docstring. A table missing
-    the SLOs at `n` gets (0, None, "")."""
+def clients_above(runner, tables: list[dict], n: int, slo, desc: str = "plan: most clients",
+                  seed_tables: list[list[dict]] | None = None) -> list[tuple[int, dict | None, str]]:
+    """For each table (a closed loop of `n` clients on its first seed, meeting the SLOs there): (the most clients
+    meeting the SLOs, the first seed's summary of its run, a flag) by the search of the module docstring. With
+    `seed_tables` (each table's tables on its other paired seeds) that level is stepped down until it counts on
+    every seed (`counted_clients`, as `goodputs_above` does for a rate). A table missing the SLOs at `n` gets
+    (0, None, "")."""
     k = len(tables)
     lo, hi = [0] * k, [math.inf] * k
     at: list[dict | None] = [None] * k
@@ -189,8 +195,44 @@ def clients_above(runner, tables: list[dict], n: int, slo,
                 continue
             if lo[i] < m < hi[i]:
                 probes.append((i, m))
+    if seed_tables:
+        todo = [i for i in range(k) if lo[i] > n and seed_tables[i]]
+        found = counted_clients(runner, [[tables[i], *seed_tables[i]] for i in todo], [lo[i] for i in todo], int(n),
+                                slo, f"{desc}: seeds")
+        for i, (m, summary) in zip(todo, found):
+            lo[i], at[i] = m, summary
     return [(lo[i], at[i], f"passes at {cap} clients (the search's cap, {CLIENTS_CAP} N): at least"
              if lo[i] >= cap else "") for i in range(k)]
+
+
+def counted_clients(runner, groups: list[list[dict]], starts: list[int], n: int, slo,
+                    desc: str) -> list[tuple[int, dict]]:
+    """For each group of one candidate's tables, one per paired seed, the highest level of the ladder m,
+    floor(m / 1.1), ... (`RESOLUTION`, integer clients, at least one fewer each step) at which it counts,
+    `sim.studies.sweep.holds_on_seeds` (every seed meets the SLOs, the 95% interval of their margins not below
+    zero: plan_probes.py `counted_rates` for a rate), with the first seed's summary there. The ladder ends at
+    `n`, which counts unchecked (the candidate met the SLOs there by the same rule). Every group's step runs in
+    one parallel batch."""
+    levels = [int(m) for m in starts]
+    done: dict[int, tuple[int, dict]] = {}
+    todo = list(range(len(groups)))
+    while todo:
+        res = runner.run([with_concurrency(t, levels[i]) for i in todo for t in groups[i]], desc=desc)
+        k, nxt = 0, []
+        for i in todo:
+            summ = res[k:k + len(groups[i])]
+            k += len(groups[i])
+            if holds_on_seeds(slo, summ):
+                done[i] = (levels[i], summ[0])
+                continue
+            down = min(levels[i] - 1, math.floor(levels[i] / RESOLUTION + 1e-9))
+            if down > n:
+                levels[i] = down
+                nxt.append(i)
+            else:  # back at N, which counts: the first seed's run there
+                done[i] = (int(n), runner.run([with_concurrency(groups[i][0], n)], desc=desc)[0])
+        todo = nxt
+    return [done[i] for i in range(len(groups))]
 
 
 def plan_rows(runner, cands: list[dict], load, slo, seeds: list[int], price: dict, within: float,
@@ -236,9 +278,10 @@ def plan_rows(runner, cands: list[dict], load, slo, seeds: list[int], price: dic
             row["note"] = (f"{len(summ)} seed: first-seed margin {margin1[i]:+.0%} is more than {within:.0%} from "
                            f"the SLO boundary and from the best of its cost")
         rows.append(row)
-    # the most clients each holds (first seed), for those meeting the SLOs on every seed
+    # the most clients each holds (first seed, then counted on every seed), for those meeting the SLOs
     meets = [i for i, r in enumerate(rows) if r["meets_slo"]]
-    found = clients_above(runner, [table(*items[i], seeds[0]) for i in meets], load.clients, slo)
+    found = clients_above(runner, [table(*items[i], seeds[0]) for i in meets], load.clients, slo,
+                          seed_tables=[[table(*items[i], s) for s in seeds[1:]] for i in meets])
     for i, found_i in zip(meets, found):
         rows[i].update(goodput_columns(*found_i))
     for i, row in enumerate(rows):
