@@ -164,7 +164,8 @@ def verdict(ranked: pd.DataFrame, mode: str, slo_text: str, rate_rps: float | No
         g, cg = r.get("goodput_rps"), r.get(COST_AT_GOODPUT)
         if c and isinstance(g, float) and math.isfinite(g) and isinstance(cg, float) and math.isfinite(cg):
             m = r.get("goodput_clients")
-            c += (f" ({_money(cg, unit_of)} at the most clients it holds, {m:.0f}, serving {g:.3g} req/s; first seed)"
+            c += (f" ({_money(cg, unit_of)} at the most clients it holds, {m:.0f}, counted on every seed, "
+                  f"serving {g:.3g} req/s on the first seed)"
                   if load_text and m is not None and math.isfinite(float(m))  # sim.studies.concurrency_plan
                   else f" ({_money(cg, unit_of)} at its goodput {g:.3g} req/s, first seed)")  # plan.goodputs_above
         return f"{r['deployment']} with margin {_ci(r['margin'], r['margin_ci_lo'], r['margin_ci_hi'], '', True)}{c}"
