@@ -1,6 +1,6 @@
 """Issue 43's remaining engine details: the host time per step modelled per engine version
 (sim/engine/hosttime.py), vLLM's KV pool in blocks with V1's null block, vLLM 0.6.3's ignored
-prompts, long-context chunked prefill and eager decode, SGLang's unpadded prefill graphs; each
+prompts, long-context chunked prefill and eager decode, SGLang's prefill graphs (their padding: tests/test_engines.py); each
 checked by hand on a small case."""
 
 from __future__ import annotations

@@ -661,3 +661,32 @@ def test_sglang_prefill_steps_are_never_padded_decode_steps_are():
     mbs = drive(s, [make_req(i, 5, output=3) for i in range(3)], 3)
     assert mbs[0].mode == EXTEND and mbs[0].stats.prefill_tokens == 15 and mbs[0].stats.pad_tokens == 0
     assert mbs[1].mode == DECODE and len(mbs[1].decodes) == 3 and mbs[1].stats.pad_tokens == 1
+
+
+def test_sglang_prefill_graph_pads_a_prefill_step_by_hand():
+    # SGLang 0.5.23: generate_prefill_cuda_graph_batch_sizes(chunked_prefill_size) buckets; an EXTEND
+    # step of T tokens replays the next bucket, eager above the largest or past 2x padding
+    from types import SimpleNamespace
+
+    from sim.engine.schedulers import Hardware
+    from sim.engine.schedulers.sglang import SGLangEngine, prefill_capture_sizes
+
+    sizes = prefill_capture_sizes(2048)
+    assert sizes[:9] == (4, 8, 12, 16, 20, 24, 28, 32, 48) and sizes[-2:] == (1792, 2048) and len(sizes) == 8 + 14 + 8 + 8 + 4
+    assert prefill_capture_sizes(5120)[-3:] == (4096, 4608, 5120)
+    s = SGLangScheduler(1, 100_000, 256, 2048, prefix_cache=False)
+    s.prefill_capture_sizes = sizes
+    a, b = make_req(0, 300, output=20), make_req(1, 1, output=20, arrival=0.015)
+    mbs = [mb for mb in drive(s, [a, b], 40) if mb is not None]
+    first = mbs[0]
+    assert first.mode == EXTEND and first.stats.prefill_tokens == 300 and first.stats.pad_tokens == 320 - 300
+    one = next(mb for mb in mbs if mb.mode == EXTEND and pieces(mb) == [(1, 1, 0)])
+    assert one.stats.pad_tokens == 0  # bucket 4 > 2 x 1 token: eager
+    assert all(mb.stats.pad_tokens == 0 for mb in mbs if mb.mode == DECODE)  # decode graphs unset here
+    sc = SimpleNamespace(chunk_size_tokens=None, cuda_graphs=None, overlap=None, prefix_cache=None, engine_version=None,
+                         max_running_requests=0, schedule_policy="fcfs")
+    one_stage = SGLangEngine().settings(sc, Hardware("a100-sxm-80gb", 80.0, 1, 1))
+    assert one_stage.prefill_capture_sizes == prefill_capture_sizes(8192) and one_stage.token_budget == 8192
+    assert SGLangEngine().settings(sc, Hardware("a100-sxm-80gb", 80.0, 1, 2)).prefill_capture_sizes == ()  # PP: off
+    assert SGLangEngine().settings(SimpleNamespace(**{**vars(sc), "cuda_graphs": False}),
+                                   Hardware("a100-sxm-80gb", 80.0, 1, 1)).prefill_capture_sizes == ()

@@ -46,6 +46,7 @@ class EngineSettings:
     overlap: bool
     capture_sizes: tuple[int, ...] = ()  # CUDA-graph batch sizes a small batch is padded to
     pad_total_tokens: bool = False  # vLLM V1 pads the step's total tokens; SGLang/V0 pad decode rows
+    prefill_capture_sizes: tuple[int, ...] = ()  # token buckets a prefill step is padded to (SGLang 0.5.23, pp = 1)
     version: str = ""
     note: str = ""  # for the console header
 

@@ -27,7 +27,8 @@ Read from the release wheel (sglang-0.5.23, python/sglang/srt/...):
   running batch capped at max_running_requests // pp; the chunked request moves through them
   (PipeSim's slots, as for FastPP).
 The overlap scheduler and CUDA-graph padding are the pipeline's and the latency model's
-(`EngineSettings.overlap`, `capture_sizes`); the host time per step is the version's model
+(`EngineSettings.overlap`, `capture_sizes`); the prefill graphs' padding of an EXTEND step at
+pp = 1 is here (`SGLangScheduler.pad_prefill`, `EngineSettings.prefill_capture_sizes`); the host time per step is the version's model
 (sim/engine/hosttime.py: 0.53 ms a step + 5 us a request, hidden under the previous GPU step
 with the overlap scheduler). Where this module departs from the source, a
 NOTE says so.
@@ -38,7 +39,7 @@ from __future__ import annotations
 from typing import Any
 
 from sim.engine.hosttime import host_cost
-from sim.engine.schedulers import EngineSettings, Hardware, pick_version, schedulers
+from sim.engine.schedulers import EngineSettings, Hardware, pad_to, pick_version, schedulers
 from sim.engine.schedulers.cached import CachedScheduler
 from sim.engine.schedulers.fastpp import (CLIP_MAX_NEW_TOKENS, INIT_NEW_TOKEN_RATIO, MIN_NEW_TOKEN_RATIO,
                                           NEW_TOKEN_RATIO_DECAY, RETRACT_DECODE_STEPS)
@@ -51,6 +52,21 @@ LPM_QUEUE_MAX = 128  # schedule_policy.py WAITING_QUEUE_PREFIX_MATCH_MAX
 
 
 class SGLangScheduler(CachedScheduler):
+    prefill_capture_sizes: tuple[int, ...] = ()  # EngineSettings.prefill_capture_sizes; () = prefill eager
+
+    def pad_prefill(self, mb: MicroBatch) -> MicroBatch:
+        """SGLang 0.5.23's prefill ("breakable") CUDA graphs: an EXTEND step's tokens replay the
+        graph of the next captured token bucket (model_executor/runner/prefill_cuda_graph_runner.py
+        `can_replay_locally`, `_pad_to_bucket`); it runs eagerly, unpadded, above the largest
+        bucket (`max_num_tokens`) or where the bucket is over `_MAX_PREFILL_CUDA_GRAPH_PADDING_FACTOR`
+        (2) times its tokens. No mixed prefill+decode step here (no mixed chunk), so
+        `prefer_eager_mixed_prefill` never applies."""
+        sizes = self.prefill_capture_sizes
+        n = mb.stats.prefill_tokens
+        if sizes and 0 < n <= sizes[-1] and pad_to(sizes, n) <= PREFILL_PADDING_FACTOR * n:
+            mb.stats.pad_tokens = pad_to(sizes, n) - n
+        return mb
+
     def __init__(self, num_slots: int, kv_tokens: int, max_running_requests: int, chunk_size: int,
                  on_kv_exhausted: str = "exit", prefix_cache: bool = True, max_prefill_tokens: int = 16384,
                  ignore_eos: bool = True, policy: str = "fcfs") -> None:
@@ -203,8 +219,8 @@ class SGLangScheduler(CachedScheduler):
         # the slot's running requests stay out of this batch (no mixed chunk): they decode in
         # the slot's next decode step
         self.stall(slot)
-        return MicroBatch(self.num_launched, slot.index, EXTEND, pieces, [], new_chunked, self.chunk_size,
-                          decode_ctx=0, decode_left=(0, 0))  # (SGLang's prefill graphs are not modelled)
+        return self.pad_prefill(MicroBatch(self.num_launched, slot.index, EXTEND, pieces, [], new_chunked,
+                                           self.chunk_size, decode_ctx=0, decode_left=(0, 0)))
 
     def _decode_batch(self, slot: Any, now_s: float) -> MicroBatch | None:
         if slot.running is None:
@@ -272,6 +288,19 @@ def decode_capture_sizes(max_bs: int) -> tuple[int, ...]:
     return tuple(sizes)
 
 
+# model_executor/runner/prefill_cuda_graph_runner.py _MAX_PREFILL_CUDA_GRAPH_PADDING_FACTOR (0.5.23)
+PREFILL_PADDING_FACTOR = 2
+
+
+def prefill_capture_sizes(max_tokens: int) -> tuple[int, ...]:
+    """arg_groups/cuda_graph_hook.py generate_prefill_cuda_graph_batch_sizes (0.5.23): the token
+    buckets up to the prefill graphs' max_bs, which memory_hook.py sets to chunked_prefill_size
+    (non-MLA models; MLA caps it at 8192 and Llama-2 at 4096, not modelled)."""
+    sizes = (list(range(4, 33, 4)) + list(range(48, 257, 16)) + list(range(288, 513, 32))
+             + list(range(576, 1025, 64)) + list(range(1280, 4097, 256)) + list(range(4608, max_tokens + 1, 512)))
+    return tuple(s for s in sizes if s <= max_tokens)
+
+
 def memory_defaults(gpu_mem_gib: float, tp: int) -> tuple[int, int]:
     """(chunked_prefill_size, decode CUDA-graph max batch) by GPU memory
     (arg_groups/memory_hook.py handle_gpu_memory_settings, 0.5.23; thresholds in GiB)."""
@@ -310,10 +339,15 @@ class SGLangEngine:
         overlap = hw.pp == 1 if sc.overlap is None else bool(sc.overlap)  # PP turns overlap off
         cache = True if sc.prefix_cache is None else bool(sc.prefix_cache)
         graphs = sc.cuda_graphs if sc.cuda_graphs is not None else True
+        budget = sc.chunk_size_tokens or chunk
+        # prefill graphs: on by default on CUDA (cuda_graph_config.py default_prefill_backend), off
+        # with PP (cuda_graph_hook.py apply_cuda_graph_compatibility)
+        prefill_sizes = prefill_capture_sizes(budget) if graphs and hw.pp == 1 else ()
         return EngineSettings(
-            engine="sglang", token_budget=sc.chunk_size_tokens or chunk, max_running=sc.max_running_requests,
+            engine="sglang", token_budget=budget, max_running=sc.max_running_requests,
             prefix_cache=cache, cuda_graphs=graphs, overlap=overlap,
-            capture_sizes=decode_capture_sizes(max_bs) if graphs else (), pad_total_tokens=False, version=VERSIONS[version],
+            capture_sizes=decode_capture_sizes(max_bs) if graphs else (), pad_total_tokens=False,
+            prefill_capture_sizes=prefill_sizes, version=VERSIONS[version],
             note=f"radix cache {'on' if cache else 'off'}, {sc.schedule_policy}, overlap {'on' if overlap else 'off'}")
 
     def mem_fraction(self, settings: EngineSettings, hw: Hardware) -> float:
@@ -326,6 +360,7 @@ class SGLangEngine:
                                 settings.prefix_cache, sc.max_prefill_tokens, sc.ignore_eos, sc.schedule_policy)
         sched.overlap_host = settings.overlap
         sched.capture_sizes = settings.capture_sizes
+        sched.prefill_capture_sizes = settings.prefill_capture_sizes
         key = next((k for k, v in VERSIONS.items() if v == settings.version), DEFAULT_VERSION)
         sched.host_cost = host_cost(self.name, key)  # the version's host time per step (sim/engine/hosttime.py)
         return sched
