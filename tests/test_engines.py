@@ -560,6 +560,13 @@ def test_engine_versions_take_their_releases_defaults_and_unknown_ones_are_refus
     # async scheduling: off in 0.10.1.1 (SchedulerConfig), on by default in 0.15.1 (VllmConfig)
     assert old.version == "vLLM 0.10.1.1 (V1)" and not old.overlap and new.overlap
     assert not VllmV1Engine().settings(sc("0.15", overlap=False), h100).overlap
+    # `vllm serve --async-scheduling` on 0.10/0.11 (SchedulerConfig.async_scheduling exists there, off by
+    # default): `[scheduler] overlap = true` is accepted for vllm-v1 and reaches its settings
+    from sim.core.config import config_from_table
+
+    cfg = config_from_table({"scheduler": {"engine": "vllm-v1", "engine_version": "0.10", "overlap": True},
+                             "workload": {"name": "sharegpt", "num_requests": 5, "rate_rps": 1.0}}, "test")
+    assert VllmV1Engine().settings(cfg.scheduler, h100).overlap
     # graph sizes: multiples of 8 up to 512 (0.10); from 256 on multiples of 16 (0.15)
     assert old.capture_sizes[-3:] == (496, 504, 512) and new.capture_sizes[-3:] == (480, 496, 512)
     assert len(old.capture_sizes) == 3 + 64 and len(new.capture_sizes) == 3 + 31 + 17

@@ -250,7 +250,7 @@ def test_a_write_that_finds_no_room_is_named_not_an_internal_error(tmp_path, mon
 # ---------------------------------------------------------------- 4. one engine's knobs given to another
 
 @pytest.mark.parametrize("engine, knob", [
-    ("vllm-v1", "overlap=true"), ("vllm-v1", 'schedule_policy="lpm"'), ("vllm-v1", "max_prefill_tokens=4096"),
+    ("vllm-v0", "overlap=true"), ("vllm-v1", 'schedule_policy="lpm"'), ("vllm-v1", "max_prefill_tokens=4096"),
     ("vllm-v1", "ignore_eos=false"), ("sglang", "long_prefill_token_threshold=256"), ("sglang", "block_size_tokens=32"),
     ("fastpp", "block_size_tokens=32"), ("fastpp", "overlap=false"),
 ])

@@ -114,7 +114,7 @@ def test_validation_cases_take_the_data_of_the_era_that_ran():
     a5 = by_id["A5"]["sim"]  # SGLang 0.3.0 (2024) replayed on PipeSim's sglang 0.5.23 scheduler
     assert a5["profile"] == "profiles/built/h100-sxm-80gb/llama-3.1-70b/tp4" and a5["data"] == "Vidur BF16"
     assert "2024" in a5["data_why"] and "would default to aic" in a5["data_why"]
-    j1 = by_id["J1"]["sim"]  # vLLM 0.11 in FP8 on the H100
+    j1 = by_id["J1"]["sim"]  # vLLM 0.10.2 (InferenceMAX) in FP8 on the H100
     assert j1["data"] == "AIC FP8" and j1["data_why"] == "the default for vllm-v1"
     g1 = by_id["G1"]["sim"]  # vLLM 0.20.1 on an A100 40GB: no AIC profile
     assert g1["data"] == "Vidur BF16" and "lacks (a100-pcie-40gb)" in g1["data_why"]

@@ -117,6 +117,30 @@ def test_closed_loop_cases_run_their_clients():
     assert (df["arrival_s"].to_numpy()[1:] == df["finish_s"].to_numpy()[:-1]).all()
 
 
+def test_inferencemax_cases_draw_the_clients_lengths():
+    """The J cases replay InferenceMAX's client (kimbochen/bench_serving `sample_random_requests` with
+    --random-range-ratio 0.8): every request's input and output uniform on the integers [int(1024 x 0.8),
+    1024] = [819, 1024], so the closed loop's clients do not stay in lock-step; the mean output the implied
+    E2E uses is (819 + 1024) / 2 = 921.5 (by hand)."""
+    import numpy as np
+
+    from sim.core.config import config_from_table
+    from sim.workloads import build_workload
+
+    runner = _runner()
+    case = runner.case_by_id(runner.load_cases())["J2"]
+    table = runner.config_table(case)
+    wl = table["workload"]
+    assert (wl["kind"], wl["range_ratio"], wl["range_ratio_definition"], wl["concurrency"]) == ("bench", 0.8, "sglang", 8)
+    reqs = build_workload(config_from_table(table, "J2").workload, seed=1)
+    ins = np.array([r.prompt_tokens for r in reqs])
+    outs = np.array([r.output_tokens for r in reqs])
+    assert len(reqs) == 80 and ins.min() >= 819 and ins.max() <= 1024 and outs.min() >= 819 and outs.max() <= 1024
+    assert len(set(outs[:8].tolist())) > 1  # the first round's clients finish at different steps
+    assert runner.mean_output_tokens(case["workload"]) == 921.5
+    assert runner.mean_output_tokens({"source": "fixed", "output": 100}) == 100.0
+
+
 def test_current_engine_cases_name_version_gpu_and_source():
     """Issue 43: at least 15 current-engine cases (vLLM >= 0.10, SGLang >= 0.4.6, 2025-2026), each naming the
     version that ran, its GPU, model, workload and source; the refused measurements each say why."""
@@ -128,9 +152,9 @@ def test_current_engine_cases_name_version_gpu_and_source():
         assert c["ran_version"] and c["source"] and c["gpu"] and c["model"], c["id"]
         assert c["ran_version"].split()[0] in ("vLLM", "SGLang"), c["id"]
         wl = c["workload"]
-        assert wl["source"] in ("fixed", "uniform", "sharegpt", "log") and wl.get("num_requests"), c["id"]
+        assert wl["source"] in ("fixed", "uniform", "sharegpt", "log", "random") and wl.get("num_requests"), c["id"]
         if "silicon_row" in c:  # the sample's own: a version and a known PipeSim engine version
-            assert c["sim"]["scheduler"]["engine_version"] in ("0.5", "0.11"), c["id"]
+            assert c["sim"]["scheduler"]["engine_version"] in ("0.5", "0.10"), c["id"]
     refused = run.load_refused()
     assert refused and all(r["reason"] and int(r["rows"]) > 0 for r in refused)
 

@@ -383,6 +383,10 @@ def _lengths_only(case: dict, quick: bool) -> tuple[dict, list | None]:
     if src == "fixed":
         return {"kind": "synthetic-uniform", "num_requests": n, "rate_rps": rate,
                 "input_range": [wl["input"], wl["input"]], "output_range": [wl["output"], wl["output"]]}, None
+    if src == "random":  # a benchmark client's random dataset (sim/workloads/bench.py), its range_ratio as it ran
+        return {"kind": "bench", "dataset": "random", "num_requests": n, "rate_rps": rate, "input_len": wl["input"],
+                "output_len": wl["output"], "range_ratio": float(wl["range_ratio"]),
+                "range_ratio_definition": wl["range_ratio_definition"]}, None
     if src == "log":
         _, ins, outs, _ = read_log_data(HERE / wl["file"])
         if quick:
@@ -572,11 +576,26 @@ def report_rows(cases: list[dict], sims: dict) -> list[dict]:
     return rows
 
 
+def mean_output_tokens(wl: dict) -> float:
+    """The mean output length the case's client asks for: OSL, or with a random dataset's range_ratio r
+    the mean of its uniform draw on the integers [int(OSL r), OSL] (both definitions, sim/workloads/bench.py,
+    agree at r = 0.8)."""
+    osl = int(wl["output"])
+    if wl["source"] != "random":
+        return float(osl)
+    r = float(wl["range_ratio"])
+    lo = max(int(osl * r), 1) if wl["range_ratio_definition"] == "sglang" else max(math.floor(osl * (1 - r)), 1)
+    hi = osl if wl["range_ratio_definition"] == "sglang" else math.ceil(osl * (1 + r))
+    return (lo + hi) / 2
+
+
 def implied_e2e_row(case: dict, m: dict) -> dict:
-    """The mean E2E a silicon row implies: every request has exactly OSL output tokens, so with TPOT the mean
-    of (E2E - TTFT) / (OSL - 1), mean E2E = mean TTFT + (OSL - 1) x mean TPOT (and a closed loop's throughput
-    is concurrency x OSL / mean E2E). Derived from the published numbers, not published: shown, not scored."""
-    osl = int(case["workload"]["output"])
+    """The mean E2E a silicon row implies: with fixed lengths every request has OSL output tokens, so with TPOT
+    the mean of (E2E - TTFT) / (OSL - 1), mean E2E = mean TTFT + (OSL - 1) x mean TPOT (and a closed loop's
+    throughput is concurrency x OSL / mean E2E); with a random dataset's range_ratio, the client's mean output
+    length stands for OSL (exact only if TPOT does not vary with the length). Derived from the published
+    numbers, not published: shown, not scored."""
+    osl = mean_output_tokens(case["workload"])
     real = case["real"]["mean_ttft_ms"] + (osl - 1) * case["real"]["mean_tpot_ms"]
     sim = m.get("mean_e2e_ms", math.nan)
     err = error_pct(real, sim)
@@ -882,7 +901,10 @@ def write_report(cases: list[dict], sims: dict, toggles: dict, rows: list[dict],
         wl = c["workload"]
         desc = {"sharegpt": "PipeSim's ShareGPT length model", "log": f"the log's own lengths ({wl.get('file')})",
                 "uniform": f"input U{wl.get('input_range')}, output U{wl.get('output_range')}",
-                "fixed": f"fixed {wl.get('input')} in / {wl.get('output')} out"}[wl["source"]]
+                "fixed": f"fixed {wl.get('input')} in / {wl.get('output')} out",
+                "random": f"random dataset, {wl.get('input')} in / {wl.get('output')} out with range_ratio "
+                          f"{wl.get('range_ratio')} ({wl.get('range_ratio_definition')}'s definition, "
+                          f"sim/workloads/bench.py)"}[wl["source"]]
         rate = "all at t = 0" if wl["rate"] == "inf" else f"Poisson {wl['rate']} req/s"
         if "concurrency" in wl:
             n = wl["concurrency"]

@@ -8,9 +8,12 @@ aiconfigurator-core (PyPI, Apache-2.0; the `aic` extra) ships `aiconfigurator_co
 end-to-end measurements of TRT-LLM, vLLM and SGLang serving closed loops of fixed-length requests
 (ISL/OSL, `silicon_concurrency` clients), each row with its TTFT and TPOT. This script turns the dense-model
 vLLM/SGLang rows PipeSim has profiles for into `[[case]]` blocks, verbatim: H = SGLang 0.5.6.post2,
-Llama-3.1-8B-Instruct FP8 on H200, TP1 (every such row); J = vLLM (version not stated; 0.11 inferred from the
-measurement date), Llama-3.1-70B FP8, ISL/OSL 1024/1024, TP4 on H100, H200 and B200 (every such row). The
-rest is listed as refused in cases.toml with the reason. Nothing is fitted to these rows.
+Llama-3.1-8B-Instruct FP8 on H200, TP1 (every such row; client not published: fixed lengths assumed);
+J = vLLM, Llama-3.1-70B FP8, ISL/OSL 1024/1024, TP4 on H100, H200 and B200 (every such row). The J rows name
+no source or version; they are InferenceMAX's Llama-3.3-70B runs (vLLM 0.10.2), identified by their date and
+grid (see `case`), and replay InferenceMAX's server flags and benchmark client (its random dataset with
+--random-range-ratio 0.8). The rest is listed as refused in cases.toml with the reason. Nothing is fitted to
+these rows.
 """
 
 from __future__ import annotations
@@ -57,35 +60,63 @@ def case(cid: str, r: dict, kind: str) -> str:
         ds = "SGLang 0.5.6.post2 on the 0.5.23 scheduler; fp8_block vs the profile's FP8; request count assumed"
         ver_inf = False
     else:
-        model = "Llama-3.1-70B (FP8)"
+        # The vLLM Llama-3.1-70B rows are InferenceMAX's Llama-3.3-70B runs, identified (the row does not name
+        # them) by what matches: SemiAnalysisAI/InferenceX removed its 70B benchmarks on 2025-10-29 (commit
+        # 2582bce "remove llama 70b (#149)"), the rows' measurement date; its .github/workflows/70b-tmpl.yml at the
+        # parent commit runs nvidia/Llama-3.3-70B-Instruct-FP8 on vllm/vllm-openai:v0.10.2 at TP 2/4/8 on H100 and
+        # 1/2/4/8 on H200 and B200 (FP4 too on B200), concurrency 4-64, ISL/OSL 1k/1k, 1k/8k, 8k/1k: the rows'
+        # grid exactly. Its server and client commands are benchmarks/70b_fp8_{h100,h200,b200}_*.sh.
+        model = "Llama-3.3-70B-Instruct FP8 (nvidia/Llama-3.3-70B-Instruct-FP8; Llama-3.1-70B's shapes)"
         prof = f"profiles/aic/{gdir}/vllm/llama-3.1-70b-fp8-kvfp8/tp{tp}"
-        real_engine = ("vLLM, version not stated in the row (measured 2025-10-29; vLLM 0.11.0, released 2025-10-02, was the "
-                       "current release: inferred), weights FP8; server flags not published (defaults assumed)")
-        server = f"vllm serve meta-llama/Llama-3.1-70B (FP8) --tensor-parallel-size {tp} (exact command not published)"
-        sim = ("vllm-v1", "vLLM V1 0.11 defaults (version inferred from the measurement date); the model's 131072-token context",
-               '{ engine_version = "0.11", context_length_tokens = 131072 }')
-        title = f"vLLM (0.11, inferred), Llama-3.1-70B FP8, {tp}x {g.split()[0]}, {isl}/{osl} tokens, {c} concurrent clients"
-        differs = ["vLLM version not stated: 0.11.0 inferred from the measurement date (2025-10-29)",
-                   "the profile is AIConfigurator's vLLM FP8 GEMM data with an FP8 KV cache: the real KV dtype is not stated",
-                   "number of requests not published: 10 x concurrency assumed (what AIConfigurator's own closed-loop replays of these rows use)",
-                   "client and frontend not published (AIConfigurator's collection); the server's frontend time is not modelled",
-                   "prompts of random tokens assumed (no prefix sharing)",
-                   "the sample's statistic (mean or median) is not named: compared as the mean"]
-        ds = "vLLM version inferred (0.11); KV dtype not stated; request count assumed"
-        ver_inf = True
+        ctx = {"h100_sxm": 10240, "h200_sxm": isl + osl + 20 if (isl, osl) == (1024, 1024) else isl + osl + 200,
+               "b200_sxm": {(1024, 1024): 2048}.get((isl, osl), isl + osl + 200)}[r["system"]]
+        seqs = 512 if r["system"] == "b200_sxm" else c
+        real_engine = ("vLLM 0.10.2 (vllm/vllm-openai:v0.10.2, InferenceMAX's 70B runs: the row states no version; "
+                       "identified from SemiAnalysisAI/InferenceX .github/workflows/70b-tmpl.yml @ 2582bce^), "
+                       f"--kv-cache-dtype fp8 --async-scheduling --no-enable-prefix-caching --max-num-batched-tokens "
+                       f"8192 --max-num-seqs {seqs} --gpu-memory-utilization 0.9 --max-model-len {ctx}"
+                       + (" (FULL_DECODE_ONLY CUDA graphs, fusion passes)" if r["system"] == "b200_sxm" else ""))
+        server = (f"vllm serve nvidia/Llama-3.3-70B-Instruct-FP8 --config config.yaml --tensor-parallel-size {tp} ... "
+                  f"(benchmarks/70b_fp8_{r['system'].split('_')[0]}_*.sh @ 2582bce^)")
+        sim = ("vllm-v1", "vLLM V1 0.10 (read from 0.10.1.1; 0.10.2 ran) with the run's flags: async scheduling "
+               "(overlap: the host's next-step work under the GPU step), prefix caching off, 8192-token budget, "
+               "max_num_seqs",
+               f'{{ engine_version = "0.10", context_length_tokens = {ctx}, overlap = true, prefix_cache = false, '
+               f'chunk_size_tokens = 8192, max_running_requests = {seqs} }}')
+        title = f"vLLM 0.10.2 (InferenceMAX), Llama-3.3-70B FP8, {tp}x {g.split()[0]}, {isl}/{osl} tokens, {c} concurrent clients"
+        differs = ["the row names no source or version: InferenceMAX's runs identified by date and grid (vLLM 0.10.2 image)",
+                   "the profile is AIConfigurator's vLLM FP8 GEMM data with an FP8 KV cache (the run's --kv-cache-dtype fp8)",
+                   "the client's lengths are drawn from PipeSim's seed, not the client's --seed",
+                   "the sample's statistic is compared as the mean (the client's mean_ttft_ms / mean_tpot_ms)"]
+        ds = "InferenceMAX's run identified (vLLM 0.10.2 on the 0.10.1.1 scheduler)"
+        ver_inf = False
+    if kind == "sglang":
+        client = (f"closed loop of {c} clients (silicon_concurrency={c}), fixed {isl} input / {osl} output tokens "
+                  f"(ISL/OSL of the row); tool not published")
+        workload = ['source = "fixed"']
+    else:
+        # kimbochen/bench_serving benchmark_serving.py (cloned by the scripts): sample_random_requests draws
+        # input_lens = np.random.randint(int(ISL r), ISL + 1) and output_lens alike (SGLang's definition), and
+        # `benchmark` runs --max-concurrency clients over --num-prompts requests sent at once (--request-rate inf)
+        client = (f"InferenceMAX's: python3 bench_serving/benchmark_serving.py (github.com/kimbochen/bench_serving) "
+                  f"--backend vllm --dataset-name random --random-input-len {isl} --random-output-len {osl} "
+                  f"--random-range-ratio 0.8 --num-prompts {n} --max-concurrency {c} --request-rate inf --ignore-eos "
+                  f"(70b-tmpl.yml random-range-ratio 0.8, full-sweep-tmpl.yml; --num-prompts CONC x 10): inputs and "
+                  f"outputs uniform on [{int(isl * 0.8)}, {isl}] and [{int(osl * 0.8)}, {osl}]")
+        workload = ['source = "random"', "range_ratio = 0.8", 'range_ratio_definition = "sglang"']
     L = ["", "[[case]]", f"id = {q(cid)}", f"title = {q(title)}",
          f"source = {q(SRCLINE.format(id=r['id'], sds=r['silicon_data_source']))}",
          f"silicon_row = {q(r['id'])}",
          f"current_engine = true",
-         f"ran_version = {q('SGLang 0.5.6.post2' if kind == 'sglang' else 'vLLM 0.11 (inferred)')}",
+         f"ran_version = {q('SGLang 0.5.6.post2' if kind == 'sglang' else 'vLLM 0.10.2')}",
          f"real_engine = {q(real_engine)}"]
     if ver_inf: L.append("version_inferred = true")
     L += [f"server = {q(server)}",
-          f"client = {q(f'closed loop of {c} clients (silicon_concurrency={c}), fixed {isl} input / {osl} output tokens (ISL/OSL of the row); tool not published')}",
+          f"client = {q(client)}",
           f"gpu = {q(f'{tp}x {g}')}", f"model = {q(model)}", f"tp = {tp}",
           f"differs_short = {q(ds)}", "differs = [" + ", ".join(q(d) for d in differs) + "]",
           "[case.sim]", f"engine = {q(sim[0])}", f"engine_note = {q(sim[1])}", f"profile = {q(prof)}", f"scheduler = {sim[2]}",
-          "[case.workload]", 'source = "fixed"', f"num_requests = {n}", f"input = {isl}", f"output = {osl}", 'rate = "inf"',
+          "[case.workload]", *workload, f"num_requests = {n}", f"input = {isl}", f"output = {osl}", 'rate = "inf"',
           f"concurrency = {c}",
           "[case.real]", "# silicon_ttft_ms, silicon_tpot_ms of the row, verbatim",
           f"mean_ttft_ms = {r['silicon_ttft_ms']}", f"mean_tpot_ms = {r['silicon_tpot_ms']}"]

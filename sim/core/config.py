@@ -418,7 +418,7 @@ def apply_overrides(table: dict[str, Any], overrides: list[str]) -> dict[str, An
 # knob would be ignored without a word. (The default passes: a run's config.toml lists every knob.)
 # Plug-in engines read what they like: not checked.
 ENGINE_KNOBS = {
-    "overlap": ("sglang",), "schedule_policy": ("sglang",), "max_prefill_tokens": ("sglang",),
+    "overlap": ("sglang", "vllm-v1"), "schedule_policy": ("sglang",), "max_prefill_tokens": ("sglang",),
     "ignore_eos": ("sglang",), "long_prefill_token_threshold": ("vllm-v1",),
     "block_size_tokens": ("vllm-v1", "vllm-v0"),
 }
