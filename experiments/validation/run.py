@@ -58,11 +58,12 @@ COLUMNS = ("case", "gpu", "sim_gpu", "kernel_data", "model", "tp", "real_engine"
 # The issue-43 goal for current-engine cases: this share of compared numbers within WITHIN_PCT, none beyond BEYOND_PCT.
 GOAL_SHARE, WITHIN_PCT, BEYOND_PCT = 0.85, 15.0, 50.0
 SILICON_SAMPLE = "aiconfigurator_core/systems/silicon_sample.csv"  # AIConfigurator's end-to-end measurements
-# A diagnostic, not a fit: the silicon cases' closed loops re-run with clients that drift apart (an exponential
-# think time of DRIFT_THINK_S between a client's requests), to show what the lock-step of identical simulated
-# clients does to TTFT and TPOT. Its numbers are shown next to the case's, never scored.
-DRIFT = "clients drift apart"
-DRIFT_THINK_S = 0.2
+# A what-if, not a fit: the silicon cases whose client is not published (fixed lengths assumed: H) re-run with
+# the lengths SGLang's own client draws by default (`python/sglang/bench_serving.py` `sample_random_requests`,
+# --random-range-ratio 0.0: input uniform on [1, ISL], output on [0, OSL], 0 becoming 1), to show what an
+# unknown client's lengths do to a closed loop (fixed lengths keep identical clients in lock-step). Shown next to
+# the case's numbers, never scored: which client ran is not known.
+DRIFT = "SGLang bench_serving's default lengths"
 # The GPU of a profile folder (profiles/built/<gpu>/<model>/tp<T>), as the report names it.
 PROFILE_GPUS = {"a100-sxm-80gb": "A100-80GB SXM", "a100-pcie-40gb": "A100-40GB PCIe", "h100-sxm-80gb": "H100-80GB SXM",
                 "h200-sxm": "H200-141GB SXM", "b200-sxm": "B200-180GB SXM"}
@@ -414,7 +415,7 @@ def config_table(case: dict, quick: bool = False, toggle: str | None = None, kv_
     elif toggle == "variance off":
         latency["variance"] = False
     elif toggle == DRIFT:
-        pass  # the client's think time, below
+        pass  # the client's lengths, below
     elif toggle is not None and toggle.startswith(("cpu_per_request_us ", "cpu_ms ")):
         key, val = toggle.split()
         latency["overrides"] = {key: float(val)}
@@ -422,7 +423,10 @@ def config_table(case: dict, quick: bool = False, toggle: str | None = None, kv_
         raise SystemExit(f"unknown toggle {toggle!r}")
     workload, _ = _lengths(case, quick)
     if toggle == DRIFT:
-        workload["think_time"] = {"distribution": "exponential", "mean_s": DRIFT_THINK_S}
+        wl = case["workload"]
+        workload = {"kind": "bench", "dataset": "random", "num_requests": wl["num_requests"], "rate_rps": math.inf,
+                    "input_len": wl["input"], "output_len": wl["output"], "range_ratio": 0.0,
+                    "range_ratio_definition": "sglang", "concurrency": int(wl["concurrency"])}
     # real servers retract or preempt when the KV cache runs out; none exits
     server = {"on_kv_exhausted": "retract"}
     if toggle is not None and toggle.startswith(("cpu_per_request_us ", "cpu_ms ")):
@@ -722,13 +726,15 @@ def current_engine_section(cases: list[dict], rows: list[dict], refused: list[di
     drift = [(c, toggles[c["id"]][DRIFT]) for c in cases if toggles and DRIFT in toggles.get(c["id"], {})]
     if drift and sims:
         L.append("")
-        L.append(f"Diagnostic (not scored, not a fit): the silicon cases' simulated clients start together and, with "
-                 f"identical lengths, stay in lock-step, so every round's prompts queue behind each other (TTFT high) "
-                 f"and then decode undisturbed (TPOT low). Re-run with clients that drift apart (an exponential think "
-                 f"time of {DRIFT_THINK_S:g} s between a client's requests; the real think time is not published):")
+        L.append("What-if (not scored, not a fit): the silicon cases whose client is not published run with fixed "
+                 "lengths; their simulated clients start together and, with identical lengths, stay in lock-step, so "
+                 "every round's prompts queue behind each other (TTFT high) and then decode undisturbed (TPOT low). "
+                 "Re-run with the lengths SGLang's own client draws by default (bench_serving.py "
+                 "sample_random_requests, --random-range-ratio 0.0: input on [1, ISL], output on [1, OSL]); which "
+                 "client ran is not known:")
         L.append("")
-        L.append("| case | concurrency | ISL/OSL | real TTFT | PipeSim TTFT | drifting | real TPOT | PipeSim TPOT | "
-                 "drifting |")
+        L.append("| case | concurrency | ISL/OSL | real TTFT | PipeSim TTFT | bench_serving lengths | real TPOT | "
+                 "PipeSim TPOT | bench_serving lengths |")
         L.append("|---|---:|---|---:|---:|---:|---:|---:|---:|")
         for c, m in drift:
             base, real, wl = sims[c["id"]], c["real"], c["workload"]
@@ -827,7 +833,7 @@ def write_report(cases: list[dict], sims: dict, toggles: dict, rows: list[dict],
         for name, n, mabs, med, within in _group_stats(rows, key):
             L.append(f"| {title}: {name} | {n} | {mabs:.1f}% | {med:+.1f}% | {within:.0f}% |")
     L += current_engine_section(cases, rows, load_refused(), sims, toggles)
-    # ---- full-load study (the drift diagnostic's runs are in the current-engine section)
+    # ---- full-load study (the length what-if runs are in the current-engine section)
     toggles = {cid: t for cid, t in toggles.items() if in_full_load_study(by_id[cid])}
     if toggles:
         L.append("")
@@ -973,7 +979,7 @@ def main(argv: list[str] | None = None) -> int:
     jobs: list[tuple[str, str | None, bool]] = [(c["id"], None, args.quick) for c in cases]
     if not args.quick and not args.no_toggles:
         jobs += [(c["id"], t, False) for c in cases if in_full_load_study(c) for t in toggles_for(c)]
-        jobs += [(c["id"], DRIFT, False) for c in cases if "silicon_row" in c]
+        jobs += [(c["id"], DRIFT, False) for c in cases if "silicon_row" in c and c["workload"]["source"] == "fixed"]
     # the longest runs first, so two workers finish together
     weight = {c["id"]: (c["workload"].get("num_requests") or 320) * (10 if c["tp"] > 1 else 1) for c in cases}
     order = sorted(range(len(jobs)), key=lambda i: -weight[jobs[i][0]])
