@@ -68,8 +68,9 @@ def case(cid: str, r: dict, kind: str) -> str:
         # grid exactly. Its server and client commands are benchmarks/70b_fp8_{h100,h200,b200}_*.sh.
         model = "Llama-3.3-70B-Instruct FP8 (nvidia/Llama-3.3-70B-Instruct-FP8; Llama-3.1-70B's shapes)"
         prof = f"profiles/aic/{gdir}/vllm/llama-3.1-70b-fp8-kvfp8/tp{tp}"
+        # --max-model-len: 10240 in 70b_fp8_h100_*.sh; ISL + OSL + 20 (1k/1k) or + 200 in 70b_fp8_h200_slurm.sh
         ctx = {"h100_sxm": 10240, "h200_sxm": isl + osl + 20 if (isl, osl) == (1024, 1024) else isl + osl + 200,
-               "b200_sxm": {(1024, 1024): 2048}.get((isl, osl), isl + osl + 200)}[r["system"]]
+               "b200_sxm": isl + osl}[r["system"]]  # 70b_fp8_b200_docker.sh: the workflow's max-model-len, 2048 / 9216
         seqs = 512 if r["system"] == "b200_sxm" else c
         real_engine = ("vLLM 0.10.2 (vllm/vllm-openai:v0.10.2, InferenceMAX's 70B runs: the row states no version; "
                        "identified from SemiAnalysisAI/InferenceX .github/workflows/70b-tmpl.yml @ 2582bce^), "
