@@ -177,3 +177,28 @@ def test_sglang_tables_and_its_custom_allreduce(tmp_path):
     p = prof.meta["profile"]
     assert (p["engine"], p["engine_version"], p["gemm_kernel"]) == ("sglang", "0.5.14", "sglang_torch_linear")
     assert "SGLang's choice" in prof.meta["derivation"]["comm"]
+
+
+def test_sm100_fp8_rows_of_one_dispatch_range_read_as_their_median():
+    """vLLM's SM100 FP8 GEMM runs one kernel on one grid for m in [1, 16] and in (16, 64] (m = 64 at k < 4096
+    excepted): each range's rows become their median (by hand), others stay as measured; the B200 table's M = 1
+    outlier (qkv 2560 x 8192: 0.0272 ms against 0.013 at M = 3..16) is gone from the shipped profile."""
+    import numpy as np
+
+    from sim.profiling.aic import AicData, SM100_FP8_SAME_GRID, same_grid_medians
+
+    ms = np.array([1, 2, 4, 16, 17, 64, 65])
+    ks = np.array([2048, 8192])
+    col = np.array([3.0, 1.0, 2.0, 1.5, 4.0, 6.0, 9.0])  # ms per m at one (n, k)
+    cube = np.stack([col, col], axis=1)[:, None, :]  # m x n(1) x k(2)
+    out = same_grid_medians(ms, ks, cube, SM100_FP8_SAME_GRID)
+    # [1, 16]: median(3, 1, 2, 1.5) = 1.75; (16, 64] at k 8192: median(4, 6) = 5; at k 2048 m = 64 is another
+    # configuration: 17 alone (4), 64 kept (6); 65 as measured
+    assert out[:, 0, 1].tolist() == [1.75, 1.75, 1.75, 1.75, 5.0, 5.0, 9.0]
+    assert out[:, 0, 0].tolist() == [1.75, 1.75, 1.75, 1.75, 4.0, 6.0, 9.0]
+    b200 = AicData("b200_sxm")
+    m, t, _ = b200.gemm_ms(2560, 8192, "fp8")
+    small = t[(m >= 1) & (m <= 16)]
+    assert np.ptp(small) == 0 and 0.012 < small[0] < 0.014  # the range's median, not the 0.0272 ms M = 1 row
+    h, th, _ = AicData("h200_sxm").gemm_ms(2560, 8192, "fp8")
+    assert th[0] == pytest.approx(0.0149, abs=5e-5)  # Hopper rows as measured

@@ -15,7 +15,10 @@ profile (profiles/FORMAT.md) the way `sim.profiling.build` composes one from Vid
   vLLM's per-tensor `CutlassFP8ScaledMMLinearKernel` (FP8 checkpoints with per-tensor scales);
   block-scaled FP8 kernels (DeepSeek-style checkpoints) are not used. FP8 rows slower than their BF16
   twin at the same (m, n, k) are reported as suspect (`suspect_gemm_rows`) and used as measured: an FP8
-  checkpoint cannot fall back to BF16 GEMMs.
+  checkpoint cannot fall back to BF16 GEMMs. On Blackwell (sm_version 100) vLLM's FP8 GEMM runs one kernel on
+  one grid for m in [1, 16] and in (16, 64] (`SM100_FP8_SAME_GRID`): each range's rows are read as their median
+  (the B200 table's M = 1 rows are 1.5-3x the rest of their range; its running maximum in the latency model
+  would carry them to every decode step).
 - **Element-wise ops** (activation, RoPE, two RMSNorms, residual add): AIConfigurator has no table for them
   and costs them as bytes / (mem_bw x mem_bw_empirical_scaling_factor) + mem_empirical_constant_latency
   (`sdk/operations/elementwise.py`, constants from `systems/<system>.yaml`); the same formula here.
@@ -49,6 +52,7 @@ import dataclasses
 import importlib.metadata
 import importlib.util
 import math
+import warnings
 from functools import cached_property
 from pathlib import Path
 
@@ -101,6 +105,14 @@ GRID_MAX_TOKENS = 4353
 # custom_all_reduce.py), on 2 GPUs or a fully connected NVLink group (`should_custom_ar`)
 CUSTOM_AR_MAX_BYTES = 8192 * 1024
 ENGINE_NAMES = {"vllm": "vLLM", "sglang": "SGLang"}
+# vLLM's per-tensor FP8 GEMM on Blackwell (sm_version 100) picks its CUTLASS configuration by m alone
+# (csrc/quantization/cutlass_w8a8/c3x/scaled_mm_sm100_fp8_dispatch.cuh, `cutlass_gemm_sm100_fp8_dispatch`):
+# m in [1, 16] runs `sm100_fp8_config_M16_swap_ab` and m in (16, 64] `sm100_fp8_config_M64_swap_ab` (tiles 128 x 32
+# and 128 x 64 over the swapped m, so one tile row covers every m of the range: the same kernel on the same grid);
+# m = 64 with k < 4096 runs `sm100_fp8_config_M64` instead. Within such a range the time is one number; the measured
+# rows scatter around it (AIC's B200 table has M = 1 rows 1.5-3x the others of their range), so each range's
+# rows are read as their median. Above m = 64 the grid grows with m: rows read as measured.
+SM100_FP8_SAME_GRID = ((1, 16), (17, 64))
 CUSTOM_AR_WORLD_SIZES = (2, 4, 6, 8)
 # The comm tables' message_size counts elements (AIConfigurator's comm shims factor "an element count",
 # sdk/perf_database.py `_factor_message_size`; its models query tokens x hidden), here 16-bit ones
@@ -201,6 +213,8 @@ class AicData:
         med = df.groupby(["m", "n", "k"])["latency"].median()
         ms, ns, kk = (np.array(sorted(set(med.index.get_level_values(i)))) for i in range(3))
         cube = med.reindex(pd.MultiIndex.from_product([ms, ns, kk])).to_numpy().reshape(len(ms), len(ns), len(kk))
+        if self.engine == "vllm" and dtype == "fp8" and self.sm_version == 100:
+            cube = same_grid_medians(ms, kk, cube, SM100_FP8_SAME_GRID)
         # (n, k) pairs the table lacks (65536 x 65536) stay NaN; a lookup that needs one fails (gemm_ms)
         if np.isnan(cube).all(axis=(1, 2)).any() or np.isnan(cube).any(axis=0).sum() > len(ns):
             raise DataError(f"{self.rel('gemm', 'gemm_perf.parquet')}: {ks} rows do not cover the m x n x k grid")
@@ -374,6 +388,27 @@ def aic_ground_truth(gpu: GpuSpec) -> dict:
     gt["source"] += ("; decode_wave_fraction 0 for AIConfigurator-built profiles (measured decode kernels, "
                      "sim/profiling/aic.py aic_ground_truth)")
     return gt
+
+
+def same_grid_medians(ms: np.ndarray, ks: np.ndarray, cube: np.ndarray,
+                      ranges: tuple[tuple[int, int], ...]) -> np.ndarray:
+    """The GEMM cube (m x n x k, ms) with each m range that runs one kernel on one grid read as the median of its
+    measured rows, per (n, k) (NaN rows left out); m = 64 at k < 4096 stays as measured (another configuration,
+    SM100_FP8_SAME_GRID)."""
+    out = cube.copy()
+    for lo, hi in ranges:
+        rows = np.flatnonzero((ms >= lo) & (ms <= hi))
+        if len(rows) == 0:
+            continue
+        for kj, k in enumerate(ks):
+            sel = rows[~((ms[rows] == 64) & (k < 4096))]
+            if len(sel) == 0:
+                continue
+            with warnings.catch_warnings():  # an (n, k) the table lacks is NaN in every row: stays NaN
+                warnings.simplefilter("ignore", RuntimeWarning)
+                mid = np.nanmedian(cube[sel, :, kj], axis=0)
+            out[sel, :, kj] = np.where(np.isnan(cube[sel, :, kj]), np.nan, mid)
+    return out
 
 
 def fp8_slower_points(aic: AicData, shapes: dict[str, tuple[int, int]]) -> list[str]:
@@ -560,6 +595,10 @@ def build_aic_profile(model: ModelArch, gpu: GpuSpec, tp: int, out: str | Path, 
         "derivation": {
             "layer_nonattn": (f"GEMMs from {gemm_path} ({gd}, {gk}) at (N x K) per op for TP{tp}: "
                               + "; ".join(f"{op} {gemm_how[op]}" for op in GEMM_OPS)
+                              + (f"; m in {', '.join(f'[{lo}, {hi}]' for lo, hi in SM100_FP8_SAME_GRID)}: the median of "
+                                 f"the range's rows (one kernel and grid in vLLM's SM100 FP8 dispatch, "
+                                 f"SM100_FP8_SAME_GRID in sim/profiling/aic.py)"
+                                 if engine == "vllm" and weight_dtype == "fp8" and aic.sm_version == 100 else "")
                               + f"; grid up to {GRID_MAX_TOKENS} tokens (the table's dense part); {gemm_how['beyond']}"
                               + f"; act, rope, 2 x rmsnorm, residual add by bytes moved as AIConfigurator costs memory "
                                 f"ops: {a_ew:.4g} ms + bytes / ({aic.spec['gpu']['mem_bw']:.4g} B/s x "
