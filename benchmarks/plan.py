@@ -10,10 +10,13 @@ Cases (Qwen2.5-32B, A100-40GB PCIe profiles, `--jobs 2`, 3 paired seeds):
   nodes of 8 over InfiniBand NDR, `azure-conv-synth`, P90 TTFT 1 s / P90 TPOT 50 ms: the fewest GPUs over
   GPU counts, node counts, co-located and disaggregated deployments, TP x PP per pool, two chunk policies
   (sim/studies/cluster_plan.py); target: within 2 minutes on 2 cores.
+- `Qwen3-235B-A22B up to 32 GPUs at 16 req/s` (with `--moe`; issue 44): the fewest H100s for an MoE model, its
+  TP x EP x PP instance shapes (tp4-ep4, tp8-ep8 beside the TP-sharded ones, profiles/moe/) among the
+  co-located and disaggregated candidates, `--engine vllm-v1`, P90 TTFT 2 s / P90 TPOT 100 ms; the same target.
 
 CPU seconds are the plan process's and its workers' (user + system), the number that does not
 depend on how loaded a shared machine is; on 2 idle cores the wall time is about CPU / 2.
-Run: `python benchmarks/plan.py [--quick] [--goodput] [--cluster]`.
+Run: `python benchmarks/plan.py [--quick] [--goodput] [--cluster] [--moe]`.
 """
 
 from __future__ import annotations
@@ -39,6 +42,10 @@ CASES = {
     "up to 32 GPUs at 8 req/s": ["--model", "llama-3.1-70b", "--gpu", "h100-sxm-80gb", "--max-gpus", "32",
                                  "--workload", "azure-conv-synth", "--rate", "8", "--slo", "ttft:p90:1000",
                                  "--slo", "tpot:p90:50"],
+    "Qwen3-235B-A22B up to 32 GPUs at 16 req/s": ["--model", "qwen3-235b-a22b", "--gpu", "h100-sxm-80gb",
+                                                  "--max-gpus", "32", "--engine", "vllm-v1",
+                                                  "--workload", "azure-conv-synth", "--rate", "16",
+                                                  "--slo", "ttft:p90:2000", "--slo", "tpot:p90:100"],
 }
 
 
@@ -75,12 +82,15 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="only the 4-GPU rate case")
     ap.add_argument("--goodput", action="store_true", help="also the 4-GPU goodput ranking")
     ap.add_argument("--cluster", action="store_true", help="also the --max-gpus 32 cluster plan")
+    ap.add_argument("--moe", action="store_true", help="also the --max-gpus 32 plan of Qwen3-235B-A22B (MoE, EP)")
     args = ap.parse_args()
     names = ["4 GPUs at 4 req/s"] if args.quick else ["4 GPUs at 4 req/s", "8 GPUs at 6 req/s"]
     if args.goodput:
         names.append("4 GPUs goodput")
     if args.cluster:
         names.append("up to 32 GPUs at 8 req/s")
+    if args.moe:
+        names.append("Qwen3-235B-A22B up to 32 GPUs at 16 req/s")
     rows = []
     for name in names:
         if "azure-conv" in CASES[name] and trace_missing():

@@ -148,6 +148,9 @@ def add_commands(sub) -> None:
                    help="the kernel data of the profiles found by --gpu: vidur or aic (default: by the engine's era: aic "
                         "for sglang and vllm-v1 where the AIC library has the shape, vidur for fastpp and vllm-v0; "
                         "profiles/README.md)")
+    p.add_argument("--moe-routing", choices=("balanced", "power_law_1.2"), default="balanced",
+                   help="an MoE model's routing, i.e. which of its profiles (profiles/moe/): balanced (default) or "
+                        "power_law_1.2, AIConfigurator's skew for Qwen3/Mixtral-style models")
     p.add_argument("--workload", default="azure-conv-synth", help="workload name or a workload TOML file")
     p.add_argument("--trace", default=None, metavar="FILE",
                    help="a CSV trace (Azure columns by default) replayed at its timestamps (scaled to --rate if given)")

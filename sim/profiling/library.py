@@ -221,9 +221,33 @@ def _arch(model: str, tp: int):
     return arch
 
 
-def check_weights(model: str, gpu: str, tp: int, pp: int) -> None:
-    """One-line DataError when `model`'s weights do not fit `gpu` at TP x PP."""
-    check_weights_fit(load_model(model), load_gpu(gpu), tp, pp)
+def check_weights(model: str, gpu: str, tp: int, pp: int, ep: int = 1) -> None:
+    """One-line DataError when `model`'s weights do not fit `gpu` at TP x PP (an MoE model: its experts over
+    `ep` expert-parallel ranks)."""
+    check_weights_fit(load_model(model), load_gpu(gpu), tp, pp, ep)
+
+
+def is_moe(model: str) -> bool:
+    """Whether `model` is a shipped model file with an `[moe]` table (its profiles are the MoE library's)."""
+    return model in model_names() and load_model(model).moe is not None
+
+
+def moe_profile(model: str, gpu: str, tp: int, ep: int = 1, distribution: str = "balanced") -> Path:
+    """The shipped MoE profile (`profiles/moe/<gpu>/vllm/<model>-bf16-kvbf16[-<routing>]/tp<T>[-ep<E>]/`,
+    profiles/build_moe.py) of `model` on `gpu` at TP `tp` and expert parallelism `ep` (1: experts sharded by
+    TP; tp: sim/core/ep.py); a one-line DataError naming the layouts the library has for the GPU when absent
+    (MoE profiles are AIConfigurator-built only: the Vidur builder refuses MoE)."""
+    from sim.profiling.moe import MOE_DIR, moe_dir
+
+    spec = load_gpu(gpu)
+    path = moe_dir(MOE_DIR, spec, "vllm", model, "bf16", "bf16", tp, distribution, ep)
+    if (path / "meta.toml").is_file():
+        return path
+    have = sorted((d.name for d in path.parent.glob("tp*") if (d / "meta.toml").is_file()),
+                  key=lambda n: (int(n[2:].split("-")[0]), n))
+    layout = f"TP{tp}" + (f" EP{ep}" if ep > 1 else "")
+    raise DataError(f"no {layout} profile of {model} ({distribution} routing) on {spec.name} in the MoE library "
+                    f"(profiles/moe/index.csv); it has: {', '.join(have) or 'none on this GPU'}")
 
 
 def built_profile_lines(root: Path = BUILT_DIR, repo: Path = PROFILES.parent) -> list[str]:

@@ -385,18 +385,19 @@ def roofline_section(gpu: GpuSpec, ic: Interconnect, family: str) -> dict:
                        f"[link] ({ic.link_source}); tables measured on profiles/gpus/{base.name}.toml")}
 
 
-def weights_gib_per_gpu(m: ModelArch, tp: int, pp: int) -> float:
+def weights_gib_per_gpu(m: ModelArch, tp: int, pp: int, ep: int = 1) -> float:
     """The largest per-GPU weight share of a TP x PP split (first or last stage, which hold the embedding /
-    LM head, as profiled.kv_capacity_tokens counts them)."""
+    LM head, as profiled.kv_capacity_tokens counts them); an MoE model's experts over `ep` expert-parallel ranks
+    (1: sharded by TP; ep = tp: whole experts, moe_tp = tp / ep, sim/core/ep.py)."""
     from sim.latency.profiled import stage_layers
 
     layers = stage_layers(m.num_layers, pp)
     emb = m.embedding_params * m.dtype_bytes / tp
     worst = 0.0
     for s, n in enumerate(layers):
-        # an MoE layer: experts / (ep x moe_tp) resident experts, here the TP-sharded layout (ep 1, moe_tp = tp)
+        # an MoE layer: experts / (ep x moe_tp) resident experts, moe_tp = tp / ep (ep 1: sharded by TP)
         w = (n * m.layer_params * m.dtype_bytes / tp if m.moe is None
-             else n * m.layer_params_per_gpu(tp) * m.dtype_bytes)
+             else n * m.layer_params_per_gpu(tp, tp // ep, ep) * m.dtype_bytes)
         if s == 0:
             w += emb
         if s == pp - 1 and not (m.tied_embeddings and pp == 1):
@@ -405,12 +406,13 @@ def weights_gib_per_gpu(m: ModelArch, tp: int, pp: int) -> float:
     return worst / GIB
 
 
-def check_weights_fit(m: ModelArch, gpu: GpuSpec, tp: int, pp: int = 1) -> None:
+def check_weights_fit(m: ModelArch, gpu: GpuSpec, tp: int, pp: int = 1, ep: int = 1) -> None:
     """Raise a one-line DataError when the weights alone do not fit the GPU's free memory."""
-    need = weights_gib_per_gpu(m, tp, pp)
+    need = weights_gib_per_gpu(m, tp, pp, ep)
     have = gpu.m_init_gib
     if need >= have * 0.9:    # SGLang keeps (1 - mem_fraction_static) of M_init free; 0.9 is its default
-        raise DataError(f"{m.name} on {gpu.name} at TP={tp} x PP={pp}: weights need {need * GIB / 1e9:.1f} GB per "
+        at = f"TP={tp} x PP={pp}" + (f" (EP={ep})" if ep > 1 else "")
+        raise DataError(f"{m.name} on {gpu.name} at {at}: weights need {need * GIB / 1e9:.1f} GB per "
                         f"GPU, have {have * GIB / 1e9:.1f} (usable for weights + KV: "
                         f"{have * 0.9 * GIB / 1e9:.1f})")
 

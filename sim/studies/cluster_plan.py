@@ -74,12 +74,12 @@ from sim.latency.profiled import Profile, kv_capacity_tokens
 from sim.studies import concurrency_plan as cp
 from sim.studies.concurrency_plan import clients_above, goodput_columns, hold_clients, mean_achieved
 from sim.studies.concurrency_plan import verify as verify_clients
-from sim.studies.plan_candidates import (MEM_FRACTION, POLICIES, KvPools, check_engine_sets, deployment_table,
-                                         engine_overrides, engine_sizes, family_dir, model_context, nodes_used,
-                                         plan_load, plan_model_of, plan_overrides, resolve_profile,
-                                         throughput_bound_rps, weights_reason, _short)
-from sim.studies.plan_probes import (THIN_MARGIN, at_rate_row, cost_columns, cost_unit, goodputs_above, parse_prices,
-                                     refused_thinly)
+from sim.studies.plan_candidates import (MEM_FRACTION, POLICIES, KvPools, check_engine_sets, check_routing,
+                                         deployment_table, engine_overrides, engine_sizes, family_dir, model_context,
+                                         moe_layouts, moe_of, nodes_used, plan_load, plan_model_of, plan_overrides,
+                                         resolve_profile, throughput_bound_rps, weights_reason, _short)
+from sim.studies.plan_probes import (THIN_MARGIN, at_rate_row, cost_columns, cost_unit, goodputs_above, layout_text,
+                                     parse_prices, refused_thinly)
 from sim.studies.plan_verify import TABLE, verify
 from sim.studies.sweep import Runner, SustainedSLO, hold_tail, holds_on_seeds, size_key, sustained
 
@@ -99,13 +99,14 @@ class Shape:
     pp: int
     profile: str
     kv: int
+    ep: int = 1  # an MoE model's expert-parallel size (sim/core/ep.py); co-located instances only
 
     @property
     def gpus(self) -> int:
         return self.tp * self.pp
 
     def text(self) -> str:
-        return f"TP{self.tp}xPP{self.pp}"
+        return layout_text(self.tp, self.pp, self.ep)
 
 
 @dataclass
@@ -234,9 +235,10 @@ def run_searches(runner: Runner, searches: list[CountSearch], desc: str) -> None
 
 def shapes_of(fam: Path, model: str, max_gpus: int, gpn: int, pps: tuple[int, ...],
               tps: tuple[int, ...] | None = None, mem_fraction: float = MEM_FRACTION,
-              context: int | None = None) -> tuple[list[Shape], list[dict]]:
-    """The instance shapes (module docstring), and a row for each one dropped, with the reason; `context`
-    and `mem_fraction` as `--set scheduler.*` sets them (sim.studies.plan.engine_sizes)."""
+              context: int | None = None, routing: str = "balanced") -> tuple[list[Shape], list[dict]]:
+    """The instance shapes (module docstring; an MoE model's TP x EP layouts too, `moe_layouts`), and a row for
+    each one dropped, with the reason; `context` and `mem_fraction` as `--set scheduler.*` sets them
+    (sim.studies.plan.engine_sizes); `routing`: an MoE model's profiles' (`--moe-routing`)."""
     ok, dropped = [], []
     if tps is not None:
         wide = [t for t in tps if t > gpn]
@@ -244,15 +246,17 @@ def shapes_of(fam: Path, model: str, max_gpus: int, gpn: int, pps: tuple[int, ..
             raise ConfigError(f"--tp {wide[0]}: a TP group wider than a node ({gpn} GPUs, --gpus-per-node) is not "
                               f"searched; allowed: TP <= {gpn}")
     tps = [t for t in (tps or (1, 2, 4, 8, 16, 32, 64)) if t <= gpn and t <= max_gpus]
-    for tp in tps:
-        path, reason = resolve_profile(fam, model, tp)
+    for tp, ep in ((t, e) for t in tps for e in moe_layouts(model, t)):
+        path, reason = resolve_profile(fam, model, tp, ep, routing)
         for pp in pps:
             if tp * pp > max_gpus:
                 continue
-            base = {"mode": "-", "tp": tp, "pp": pp, "gpus": tp * pp, "policy": "-", "status": "dropped",
-                    "deployment": f"instance TP{tp}xPP{pp}"}
+            base = {"mode": "-", "tp": tp, "pp": pp, "ep": ep, "gpus": tp * pp, "policy": "-", "status": "dropped",
+                    "deployment": f"instance {layout_text(tp, pp, ep)}"}
             if path is None:
-                dropped.append({**base, "reason": reason})
+                # (an MoE model: the library builds only what fits somewhere, so say first when it does not fit)
+                dropped.append({**base, "reason": (weights_reason(fam, model, tp, pp, ep) if moe_of(model) is not None
+                                                   else "") or reason})
                 continue
             prof = Profile.load(path)
             if pp > prof.shape().num_layers:
@@ -261,10 +265,10 @@ def shapes_of(fam: Path, model: str, max_gpus: int, gpn: int, pps: tuple[int, ..
             kv = kv_capacity_tokens(prof, pp, mem_fraction)
             ctx = model_context(prof, context)
             if kv < ctx:
-                dropped.append({**base, "reason": weights_reason(fam, model, tp, pp) or
+                dropped.append({**base, "reason": weights_reason(fam, model, tp, pp, ep) or
                                 f"does not fit: KV pool {max(kv, 0)} tokens < one {ctx}-token request"})
                 continue
-            ok.append(Shape(tp, pp, _short(path), kv))
+            ok.append(Shape(tp, pp, _short(path), kv, ep))
     return ok, dropped
 
 
@@ -426,7 +430,7 @@ class ClusterPlan:
             usable[e] = []
             for s in eshapes[e]:
                 if e == "vllm-v0" and s.pp > 1:
-                    self._prune({"mode": "-", "tp": s.tp, "pp": s.pp, "policy": "-", "profile": s.profile,
+                    self._prune({"mode": "-", "tp": s.tp, "pp": s.pp, "ep": s.ep, "policy": "-", "profile": s.profile,
                                  "engine": e, "deployment": f"instance {s.text()}{engine_tag(e, '-')}"},
                                 "vllm-v0 with pipeline parallelism (one scheduler per virtual engine) is not modelled")
                     continue
@@ -437,8 +441,8 @@ class ClusterPlan:
                 lo = self.least(self.bound(s, "total"))
                 hi = N // s.gpus
                 for pol in engine_policies(e, self.policies):
-                    base = {"mode": "colocated", "tp": s.tp, "pp": s.pp, "policy": pol, "profile": s.profile,
-                            "engine": e, "deployment": f"colocated kx({s.text()}) {pol}{engine_tag(e, pol)}"}
+                    base = {"mode": "colocated", "tp": s.tp, "pp": s.pp, "ep": s.ep, "policy": pol,
+                            "profile": s.profile, "engine": e, "deployment": f"colocated kx({s.text()}) {pol}{engine_tag(e, pol)}"}
                     if e != "fastpp" and policy_spec(pol)[2] is not None:
                         self._prune(base, f"{pol}: its rebalancer moves requests between FastPP's micro-batch "
                                           f"slots; {e} has none")
@@ -453,9 +457,12 @@ class ClusterPlan:
                         f"{s.text()} {pol}{engine_tag(e, pol)}", lo, hi,
                         lambda k, s=s, pol=pol, e=e: self.coloc_table(s, 1, pol, R / k, seed, True, e),
                         slo.meets)))
+        # disaggregated pools take the shapes without expert parallelism ([disaggregation] pools have no ep:
+        # sim/core/ep.py check_ep_placement)
+        eshapes = {e: [s for s in eshapes[e] if s.ep == 1] for e in self.engines}
         # decode pools: ample prefill of the largest prefill shape that fits one node
-        pfast = {e: max(eshapes[e], key=lambda s: (s.pp == 1, s.tp, -s.pp)) for e in self.engines}
-        pbound = {e: self.bound(pfast[e], "prompt") for e in self.engines}
+        pfast = {e: max(eshapes[e], key=lambda s: (s.pp == 1, s.tp, -s.pp)) for e in self.engines if eshapes[e]}
+        pbound = {e: self.bound(pfast[e], "prompt") for e in pfast}
 
         def ample_prefill(rate: float, e: str, dshape: Shape | None = None) -> int:
             if self.clients is not None:  # `rate` is clients: the decode instance's bound caps their rate, and
@@ -464,7 +471,7 @@ class ClusterPlan:
                                   math.ceil(rate - 1e-9)))
             return max(1, math.ceil(rate / (PREFILL_SHARE * pbound[e])))
 
-        dengines = [e for e in self.engines if e != "vllm-v0"]
+        dengines = [e for e in self.engines if e != "vllm-v0" and e in pfast]
         if "vllm-v0" in self.engines:
             self._prune({"mode": "disaggregated", "policy": "-", "engine": "vllm-v0",
                          "deployment": "disagg [vllm-v0]"},
@@ -531,8 +538,8 @@ class ClusterPlan:
         cands: list[Cand] = []
         for mode, (s, pol, e), cs in searches:
             if cs.best is None:
-                self._prune({"mode": "colocated", "tp": s.tp, "pp": s.pp, "policy": pol, "profile": s.profile,
-                             "engine": e, "deployment": f"colocated kx({s.text()}) {pol}{engine_tag(e, pol)}"},
+                self._prune({"mode": "colocated", "tp": s.tp, "pp": s.pp, "ep": s.ep, "policy": pol,
+                             "profile": s.profile, "engine": e, "deployment": f"colocated kx({s.text()}) {pol}{engine_tag(e, pol)}"},
                             f"screen: one replica misses the SLOs at {self.share(R / cs.hi)}, its share with "
                             f"{cs.hi} replicas (the most {N} GPUs allow)")
                 continue
@@ -644,10 +651,12 @@ class ClusterPlan:
                 "rate_rps": self.rate if self.clients is None else math.nan, "engine": c.engine, "engine_version": engine_version(c.engine),
                 "what_if": what_if(c.engine, c.policy)}
         if c.mode == "colocated":
-            base.update(replicas=c.replicas, tp=c.shape.tp, pp=c.shape.pp, profile=c.shape.profile,
+            base.update(replicas=c.replicas, tp=c.shape.tp, pp=c.shape.pp, ep=c.shape.ep, attention_dp=1,
+                        profile=c.shape.profile,
                         nodes=self.nodes_of([("colocated", c.replicas, c.shape)]))
         else:
-            base.update(replicas=c.P + c.D, tp=c.pshape.tp, pp=c.pshape.pp, profile=c.pshape.profile,
+            base.update(replicas=c.P + c.D, tp=c.pshape.tp, pp=c.pshape.pp, ep=1, attention_dp=1,
+                        profile=c.pshape.profile,
                         prefill_instances=c.P, prefill_tp=c.pshape.tp, prefill_pp=c.pshape.pp,
                         decode_instances=c.D, decode_tp=c.dshape.tp, decode_pp=c.dshape.pp,
                         nodes=self.nodes_of([("prefill", c.P, c.pshape), ("decode", c.D, c.dshape)]))
@@ -818,6 +827,8 @@ def run_cluster_plan(args) -> tuple[pd.DataFrame, dict]:
     overrides, engine_sets = plan_overrides(args.set)
     context, mem_fraction = engine_sizes(engine_sets)
     model = plan_model_of(args)  # (--gpu, a profile folder's GPU, or the default GPU: sim.studies.plan.plan_gpu)
+    routing = getattr(args, "moe_routing", None) or "balanced"
+    check_routing(model, routing)
     fam = family_dir(args.gpu)
     price = parse_prices(args.price_per_gpu_hour, [fam.name]).get(fam.name)
     load = plan_load(args, overrides)
@@ -836,7 +847,8 @@ def run_cluster_plan(args) -> tuple[pd.DataFrame, dict]:
                     progress=not args.no_progress)
     tokens = load.tokens
     shapes, dropped = shapes_of(fam, model, args.max_gpus, args.gpus_per_node, tuple(args.pp),
-                                tuple(args.tp) if getattr(args, "tp", None) else None, mem_fraction, context)
+                                tuple(args.tp) if getattr(args, "tp", None) else None, mem_fraction, context,
+                                routing)
     if not shapes:
         raise ConfigError(f"--model {model} on {fam.name}: no instance shape of at most {args.max_gpus} GPUs "
                           f"fits (" + "; ".join(f"TP{r['tp']}xPP{r['pp']}: {r['reason']}" for r in dropped[:3]) + ")")
@@ -852,6 +864,8 @@ def run_cluster_plan(args) -> tuple[pd.DataFrame, dict]:
     for col in ("gpus", "nodes"):  # (every candidate pruned, no shape dropped: no row has them)
         if col not in df:
             df[col] = math.nan
+    for col in ("ep", "attention_dp"):  # (rows of no instance shape, e.g. an engine pruned whole: no EP)
+        df[col] = df[col].fillna(1).astype(int) if col in df else 1
     df["interconnect"] = fam.name
     df["router"] = "least-loaded"
     if "engine" in df:  # (a dropped shape is dropped for every engine)
@@ -880,6 +894,8 @@ def run_cluster_plan(args) -> tuple[pd.DataFrame, dict]:
                          f"not saturated; late arrivals too) with the 95% interval of their margins not below "
                          f"zero, then cost per hour, then margin")
     meta["kv_refused"] = plan.refused_lines()
+    if moe_of(model) is not None:  # (a dense model's plan.json as before)
+        meta["moe_routing"] = routing
     meta["verdict"] = cluster_verdict(df, load.rate_rps, slo.describe(), args.max_gpus, plan.pruned, meta["cost_unit"],
                                       clients=load.clients)
     meta["by_mode_and_nodes"] = by_mode_and_nodes(df)

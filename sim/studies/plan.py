@@ -91,8 +91,8 @@ from sim.studies.plan_candidates import (CONTEXT_TOKENS, ENGINE_DEFAULT, ENGINE_
                                          PROBE_MIN_WINDOW_S, PlanLoad, PlanModel, QUICK_WINDOW_S, RATES,
                                          SET_SECTIONS, STOP_FACTOR, Split, WHAT_IF, _cluster_of, _folder_profiles,
                                          _library_models, _mean_rate, _resolve_own, _short, check_engine_sets,
-                                         cluster_table, deployment_table, engine_overrides, engine_sizes, family_dir,
-                                         like_for_like, longest_request_tokens, mean_tokens, model_context,
+                                         check_routing, cluster_table, deployment_table, engine_overrides,
+                                         engine_sizes, family_dir, moe_layouts, moe_of, like_for_like, longest_request_tokens, mean_tokens, model_context,
                                          model_gpus, nodes_used, plan_gpu, plan_load, plan_model, plan_model_of,
                                          plan_overrides, policies_for, policy_spec, pool_refusal, probe_window_s,
                                          resolve_profile, splits, throughput_bound_rps,
@@ -130,6 +130,8 @@ def run_plan(args) -> tuple[pd.DataFrame, dict]:
                               f"profiles name no hardware to place on nodes; allowed: --gpus <= {gpn}, or one "
                               f"interconnect")
     model = plan_model_of(args)  # (sets args.gpu for a profile folder; refuses a model without a default GPU)
+    routing = getattr(args, "moe_routing", None) or "balanced"
+    check_routing(model, routing)
     families, notes, kernel_notes = [], [], []
     if args.gpu:
         families = [(Path(args.gpu).name, family_dir(args.gpu))]
@@ -167,7 +169,7 @@ def run_plan(args) -> tuple[pd.DataFrame, dict]:
     asked = getattr(args, "policies_asked", None)
     pools = KvPools(load.table, seeds, slo, engine_sets, engines)
     for fam_name, fam in families:
-        for sp, eng in ((sp, eng) for sp in splits(fam, fam_name, model, args.gpus, mem_fraction, context)
+        for sp, eng in ((sp, eng) for sp in splits(fam, fam_name, model, args.gpus, mem_fraction, context, routing)
                         for eng in engines):
             if sp.profile:  # the data source of the engine's kernel era (sim.profiling.library.engine_profile)
                 from dataclasses import replace
@@ -180,7 +182,7 @@ def run_plan(args) -> tuple[pd.DataFrame, dict]:
             nodes = nodes_used(gpn, [("colocated", sp.replicas, sp.tp, sp.pp)])
             for router in routers:
                 base = {"interconnect": fam_name, "replicas": sp.replicas, "tp": sp.tp, "pp": sp.pp,
-                        "gpus": args.gpus, "nodes": nodes, "gpus_per_node": gpn,
+                        "ep": sp.ep, "attention_dp": 1, "gpus": args.gpus, "nodes": nodes, "gpus_per_node": gpn,
                         "network": network if nodes > 1 else "-", "mode": "colocated", "engine": eng,
                         "router": router, "family": family(sp.replicas, sp.tp, sp.pp),
                         "profile": sp.profile, "kv_tokens": sp.kv_tokens}
@@ -248,6 +250,8 @@ def run_plan(args) -> tuple[pd.DataFrame, dict]:
             f"{worst['deployment']}; context {worst['context_length_tokens']} tokens unless the model's is shorter; "
             f"plan.json truncation; raise it with --set scheduler.context_length_tokens=N)")
     meta["kv_refused"] = pools.lines()
+    if moe_of(model) is not None:  # (a dense model's plan.json as before)
+        meta["moe_routing"] = routing
     meta["verdict"] = verdict(df, ranked_as, slo.describe(), meta["rate_rps"], meta["cost_unit"],
                               load_text=f"{load.clients} concurrent clients" if mode == "concurrency" else None)
     if checks is not None:

@@ -6,6 +6,7 @@ The lowest of the planner's modules: it imports none of them."""
 from __future__ import annotations
 
 import copy
+import functools
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -145,11 +146,12 @@ def plan_model(model: str | None, config: str | None = None) -> "str | PlanModel
 
 
 def model_gpus(model: str) -> list[str]:
-    """The GPUs a model id has shipped profiles on: hand-built families, profiles/built/, profiles/aic/."""
+    """The GPUs a model id has shipped profiles on: hand-built families, profiles/built/, profiles/aic/, profiles/moe/."""
     root = REPO_ROOT / "profiles"
     out = [f for f in FAMILY_GPU if (root / f / model).is_dir()]
     out += sorted(d.parent.name for d in (root / "built").glob(f"*/{model}") if d.is_dir())
     out += sorted(d.parents[1].name for d in (root / "aic").glob(f"*/vllm/{model}-bf16-kvbf16") if d.is_dir())
+    out += sorted(d.parents[1].name for d in (root / "moe").glob(f"*/vllm/{model}-bf16-kvbf16") if d.is_dir())
     return list(dict.fromkeys(out))
 
 
@@ -194,17 +196,54 @@ def plan_model_of(args) -> "str | PlanModel":
     return args.plan_model
 
 
-def resolve_profile(family_path: Path, model: "str | PlanModel", tp: int) -> tuple[Path | None, str]:
-    """The one place a (GPU family, model, TP degree) finds its latency profile: the profile
-    directory, or None and why not. (A resolver that builds missing profiles plugs in here.)"""
+def moe_layouts(model: "str | PlanModel", tp: int) -> list[int]:
+    """The expert-parallel sizes a plan tries at TP `tp` (sim/core/ep.py): 1 (experts sharded by TP) for every
+    model; also ep = tp (whole experts over the TP group, data-parallel attention 1) for an MoE model when tp > 1
+    divides its experts. (1 < ep < tp and ep > tp, which needs data-parallel attention, are not modelled.)"""
+    moe = moe_of(model)
+    return [1, tp] if moe is not None and tp > 1 and not moe.num_experts % tp else [1]
+
+
+MOE_ROUTINGS = ("balanced", "power_law_1.2")  # the routings profiles/moe/ ships (profiles/build_moe.py ROUTINGS)
+
+
+def check_routing(model: "str | PlanModel", routing: str) -> None:
+    """`--moe-routing` other than balanced is for an MoE model only (one-line error)."""
+    if routing not in MOE_ROUTINGS:
+        raise ConfigError(f"--moe-routing {routing!r}: allowed: {', '.join(MOE_ROUTINGS)}")
+    if routing != "balanced" and moe_of(model) is None:
+        raise ConfigError(f"--moe-routing {routing}: {model} is not a mixture-of-experts model; allowed: balanced")
+
+
+def moe_of(model: "str | PlanModel"):
+    """The `[moe]` spec of the plan's model (None: dense, or no architecture known)."""
     if isinstance(model, PlanModel):
-        return _resolve_own(family_path, model, tp)
+        return getattr(model.arch, "moe", None)
+    from sim.profiling.library import is_moe, load_model
+
+    return load_model(model).moe if is_moe(model) else None
+
+
+def resolve_profile(family_path: Path, model: "str | PlanModel", tp: int, ep: int = 1,
+                    routing: str = "balanced") -> tuple[Path | None, str]:
+    """The one place a (GPU family, model, TP degree, expert-parallel size) finds its latency profile: the profile
+    directory, or None and why not. (A resolver that builds missing profiles plugs in here.) An MoE model by
+    name: the MoE library's at `routing` (sim.profiling.library.moe_profile; `--moe-routing`)."""
+    if isinstance(model, PlanModel):
+        return _resolve_own(family_path, model, tp, ep, routing)
+    from sim.core.errors import PipeSimError
+    from sim.profiling import library
+
+    if library.is_moe(model):
+        gpu, _ = FAMILY_GPU.get(family_path.name, (family_path.name, None))
+        try:
+            return library.moe_profile(model, gpu, tp, ep, routing), ""
+        except PipeSimError as exc:
+            return None, f"no profile: {' '.join(str(exc).split())}"
     d = family_path / model / f"tp{tp}"
     if (d / "meta.toml").is_file():
         return d, ""
     gpu, interconnect = FAMILY_GPU.get(family_path.name, (family_path.name, None))
-    from sim.core.errors import PipeSimError
-    from sim.profiling import library
 
     try:
         library.load_gpu(gpu)
@@ -216,16 +255,31 @@ def resolve_profile(family_path: Path, model: "str | PlanModel", tp: int) -> tup
         return None, f"no profile: {' '.join(str(exc).split())}"
 
 
-def _resolve_own(family_path: Path, model: PlanModel, tp: int) -> tuple[Path | None, str]:
-    """A `PlanModel`'s profile at TP `tp`: the folder's, else built into the cache from its architecture
-    (`sim.profiling.library` for a shipped model; a config.json's under <name>-<hash>), or None and why."""
+def _resolve_own(family_path: Path, model: PlanModel, tp: int, ep: int = 1,
+                 routing: str = "balanced") -> tuple[Path | None, str]:
+    """A `PlanModel`'s profile at TP `tp` (and expert-parallel size `ep`, its profile's [moe] ep): the folder's,
+    else built into the cache from its architecture (`sim.profiling.library` for a shipped model; a config.json's
+    under <name>-<hash>), or None and why. An MoE layout comes from the folder or the MoE library only."""
     from sim.core.errors import PipeSimError
     from sim.profiling import library
 
     for d in _folder_profiles(model.folder) if model.folder is not None else []:
-        if int(tomlio.read_toml(d / "meta.toml", ConfigError).get("profile", {}).get("tp", -1)) == tp:
+        meta = tomlio.read_toml(d / "meta.toml", ConfigError)
+        moe = meta.get("moe") or {}
+        if (int(meta.get("profile", {}).get("tp", -1)) == tp and int(moe.get("ep", 1)) == ep
+                and (not moe or str(meta["profile"].get("moe_distribution", "balanced")) == routing)):
             return d, ""
-    where = f"{_short(model.folder)} has no TP{tp} profile" if model.folder is not None else ""
+    layout = f"TP{tp}" + (f" EP{ep}" if ep > 1 else "")
+    where = f"{_short(model.folder)} has no {layout} profile" if model.folder is not None else ""
+    if getattr(model.arch, "moe", None) is not None:
+        if model.key == model.name and library.is_moe(model.name):
+            gpu, _ = FAMILY_GPU.get(family_path.name, (family_path.name, None))
+            try:
+                return library.moe_profile(model.name, gpu, tp, ep, routing), ""
+            except PipeSimError as exc:
+                return None, f"no profile: {where + '; ' if where else ''}{' '.join(str(exc).split())}"
+        return None, (f"no profile: {where + '; ' if where else ''}an MoE model's profiles are built by "
+                      f"profiles/build_moe.py (ppsim profile build --data aic), not on the fly")
     if model.arch is None:
         return None, (f"no profile: {where}, and no architecture to build one (give --model-config its "
                       f"config.json)")
@@ -254,8 +308,9 @@ def _resolve_own(family_path: Path, model: PlanModel, tp: int) -> tuple[Path | N
         return None, f"no profile: {where + '; ' if where else ''}{' '.join(str(exc).split())}"
 
 
-def weights_reason(family_path: Path, model: "str | PlanModel", tp: int, pp: int) -> str:
-    """"weights need X GB per GPU, have Y" when the model's weights alone do not fit, else ""."""
+def weights_reason(family_path: Path, model: "str | PlanModel", tp: int, pp: int, ep: int = 1) -> str:
+    """"weights need X GB per GPU, have Y" when the model's weights alone do not fit, else "" (an MoE model:
+    its experts over `ep` ranks, `sim.profiling.specs.weights_gib_per_gpu`)."""
     gpu, _ = FAMILY_GPU.get(family_path.name, (family_path.name, None))
     from sim.core.errors import PipeSimError
     from sim.profiling import library
@@ -265,9 +320,9 @@ def weights_reason(family_path: Path, model: "str | PlanModel", tp: int, pp: int
             if model.arch is not None:
                 from sim.profiling.specs import check_weights_fit
 
-                check_weights_fit(model.arch, library.load_gpu(gpu), tp, pp)
+                check_weights_fit(model.arch, library.load_gpu(gpu), tp, pp, ep)
             return ""
-        library.check_weights(model, gpu, tp, pp)
+        library.check_weights(model, gpu, tp, pp, ep)
     except PipeSimError as exc:
         return f"does not fit: {' '.join(str(exc).split())}"
     return ""
@@ -292,6 +347,7 @@ class Split:
     profile: str  # "" when dropped for lack of one
     kv_tokens: int
     reason: str  # why it is dropped; "" if it can run
+    ep: int = 1  # an MoE model's expert-parallel size (1: experts sharded by TP; tp: sim/core/ep.py)
 
 
 def model_context(prof: Profile, context: int | None) -> int:
@@ -309,31 +365,34 @@ def model_context(prof: Profile, context: int | None) -> int:
 
 
 def splits(family_path: Path, name: str, model: str, gpus: int, mem_fraction: float = MEM_FRACTION,
-           context: int | None = None) -> list[Split]:
-    """Every replicas x TP x PP split of `gpus` GPUs; TP over the divisors of a replica's GPUs. A split whose
-    KV pool cannot hold one request of the context it serves (`model_context`) is dropped, with the reason."""
+           context: int | None = None, routing: str = "balanced") -> list[Split]:
+    """Every replicas x TP (x EP, an MoE model's: `moe_layouts`) x PP split of `gpus` GPUs; TP over the divisors
+    of a replica's GPUs. A split whose KV pool cannot hold one request of the context it serves (`model_context`)
+    is dropped, with the reason. `routing`: an MoE model's profiles' (`--moe-routing`)."""
     if isinstance(model, str) and not (family_path / model).is_dir() and model not in _library_models():
         known = sorted(d.name for d in family_path.iterdir() if d.is_dir())
         raise ConfigError(f"--model {model!r}: no profile in {family_path}; allowed: {', '.join(known)}")
     out = []
     for replicas in (r for r in range(1, gpus + 1) if gpus % r == 0):
         per = gpus // replicas
-        for tp in (t for t in range(1, per + 1) if per % t == 0):
+        for tp, ep in ((t, e) for t in range(1, per + 1) if per % t == 0 for e in moe_layouts(model, t)):
             pp = per // tp
-            path, reason = resolve_profile(family_path, model, tp)
+            path, reason = resolve_profile(family_path, model, tp, ep, routing)
             if path is None:
-                out.append(Split(name, replicas, tp, pp, "", 0, reason))
+                # (an MoE model: the library builds only what fits somewhere, so say first when it does not fit)
+                reason = (weights_reason(family_path, model, tp, pp, ep) if moe_of(model) else "") or reason
+                out.append(Split(name, replicas, tp, pp, "", 0, reason, ep))
                 continue
             prof = Profile.load(path)
             if pp > prof.shape().num_layers:
                 out.append(Split(name, replicas, tp, pp, _short(path), 0,
-                                 f"PP {pp} > the model's {prof.shape().num_layers} layers"))
+                                 f"PP {pp} > the model's {prof.shape().num_layers} layers", ep))
                 continue
             kv = kv_capacity_tokens(prof, pp, mem_fraction)
             ctx = model_context(prof, context)
-            reason = "" if kv >= ctx else (weights_reason(family_path, model, tp, pp) or
+            reason = "" if kv >= ctx else (weights_reason(family_path, model, tp, pp, ep) or
                                             f"does not fit: KV pool {max(kv, 0)} tokens < one {ctx}-token request")
-            out.append(Split(name, replicas, tp, pp, _short(path), kv, reason))
+            out.append(Split(name, replicas, tp, pp, _short(path), kv, reason, ep))
     return out
 
 
@@ -622,7 +681,7 @@ def deployment_table(workload: dict, profile: str, replicas: int, tp: int, pp: i
     slo_table["stop_when_violated"] = stop_early
     table = {
         "seed": seed,
-        "parallel": {"pp": pp, "tp": tp, "replicas": replicas, "router": router},
+        "parallel": {"pp": pp, "tp": tp, "replicas": replicas, "router": router, **profile_layout(profile)},
         "scheduler": {"chunk_size_tokens": chunk, "chunk_policy": copy.deepcopy(chunk_policy)},
         "latency": {"kind": "profile", "profile": profile},
         "slo": slo_table,
@@ -639,6 +698,21 @@ def deployment_table(workload: dict, profile: str, replicas: int, tp: int, pp: i
 
         table = apply_overrides(table, list(overrides))
     return table
+
+
+def profile_layout(profile: str) -> dict:
+    """The `[parallel]` fields an MoE profile's layout sets (`{"ep": E}` for an expert-parallel profile, whose
+    [moe] ep a run must match: sim/core/ep.py check_profile_ep), else {} (a table as before: the same cache keys)."""
+    ep = _profile_ep(str(profile))
+    return {"ep": ep} if ep > 1 else {}
+
+
+@functools.lru_cache(maxsize=256)
+def _profile_ep(profile: str) -> int:
+    path = Path(profile) if Path(profile).is_absolute() else REPO_ROOT / profile
+    if not (path / "meta.toml").is_file():  # (a profile the run will refuse in its own words)
+        return 1
+    return int((tomlio.read_toml(path / "meta.toml", ConfigError).get("moe") or {}).get("ep", 1))
 
 
 def nodes_used(gpus_per_node: int, pools: list[tuple[str, int, int, int]]) -> int:

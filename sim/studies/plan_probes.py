@@ -236,8 +236,14 @@ COST_NOTE = ("cost columns: cost_per_hour = GPUs x price; cost_per_million_at_ra
              "one to present); cost_per_million_at_goodput = at the candidate's own goodput (efficiency at full load)")
 
 
+def layout_text(tp: int, pp: int, ep: int = 1) -> str:
+    """TP4xPP2, or TP4-EP4xPP2 for an MoE model's expert-parallel layout (as its profile folder, tp4-ep4)."""
+    return f"TP{tp}" + (f"-EP{ep}" if ep > 1 else "") + f"xPP{pp}"
+
+
 def label(r: dict) -> str:
-    split = f"TP{r['tp']}xPP{r['pp']}"
+    ep = r.get("ep", 1)
+    split = layout_text(r["tp"], r["pp"], int(ep) if isinstance(ep, (int, float)) and ep == ep else 1)
     if r["replicas"] > 1:
         split = f"{r['replicas']}x({split}) {r['router']}"
     engine = r.get("engine", "fastpp")
