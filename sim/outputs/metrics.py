@@ -31,8 +31,10 @@ requests held: vLLM's kv_cache_usage, SGLang's token_usage), the one a KV headro
 iterations.csv: iteration, slot, start_s, end_s, iter_ms, host_ms (scheduler CPU, token broadcast
 and host stalls, before the stages start), mode (decode | extend | mixed |
 idle), num_tokens, prefill_tokens, num_prefill, num_decode, chunk_size, kv_used_tokens,
-num_waiting, num_running, replica, and per stage s: stage{s}_start_s, stage{s}_end_s, stage{s}_busy_ms,
-stage{s}_idle_ms (idle = the bubble: iteration length minus busy time).
+num_waiting, num_running, replica, an MoE run's moe_mean_rank_slots and moe_busiest_rank_slots (routed
+token slots per MoE layer on the mean and the busiest expert-parallel rank: sim/outputs/moe.py), and per stage
+s: stage{s}_start_s, stage{s}_end_s, stage{s}_busy_ms, stage{s}_idle_ms (idle = the bubble: iteration length
+minus busy time).
 """
 
 from __future__ import annotations
@@ -139,6 +141,10 @@ def iterations_frame(result) -> pd.DataFrame:
         df = df.drop(columns=["host_s"])
     else:
         overhead = getattr(result, "iteration_overhead_s", 0.0)
+    from sim.outputs.moe import iteration_columns
+
+    for name, values in iteration_columns(result, df["num_tokens"]).items():  # an MoE run's (sim/outputs/moe.py)
+        df[name] = values
     for s in range(busy.shape[1]):
         start = df["start_s"] + overhead
         df[f"stage{s}_start_s"] = start
