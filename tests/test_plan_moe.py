@@ -99,3 +99,13 @@ def test_moe_routing_picks_the_skewed_profiles_and_is_refused_for_a_dense_model(
     with pytest.raises(ConfigError, match=r"^--moe-routing power_law_1.2: qwen2.5-32b is not a mixture-of-experts "
                                           r"model; allowed: balanced$"):
         check_routing("qwen2.5-32b", "power_law_1.2")
+
+
+def test_vllm_v0_has_no_expert_parallelism():
+    t = deployment_table({"name": "azure-conv-synth", "num_requests": 4}, eight_gpus()[(1, 8, 8, 1)].profile, 1, 8,
+                         1, "round-robin", "default", SLO(ttft_ms=2000, tpot_ms=200), engine="vllm-v0")
+    with pytest.raises(ConfigError, match=r"^test: \[parallel\] ep = 8 with engine vllm-v0: vLLM 0\.6\.3 has no "
+                                          r"expert parallelism .*PR #14305\); allowed: 1$"):
+        config_from_table(t, "test")
+    t["scheduler"]["engine"] = "vllm-v1"
+    assert config_from_table(t, "test").parallel.ep == 8

@@ -266,8 +266,9 @@ class RunConfig:
             self.frontend.validate(where)
         if self.cluster is not None:
             check_cluster_table(self.cluster, where)
-        from sim.core.ep import check_ep_placement
+        from sim.core.ep import check_ep_engine, check_ep_placement
         check_ep_placement(self.parallel.ep or 1, self.cluster, self.disaggregation is not None, where)
+        check_ep_engine(self.parallel.ep or 1, self.scheduler.engine, where)
         if self.disaggregation is not None:
             self.disaggregation.validate(where)
             if self.cluster is None:

@@ -22,7 +22,8 @@ Modelled: ep = 1 (experts sharded by TP, both engines' default) and ep = tp with
 experts, one all-reduce over the TP group after the layer, the EP group inside one node. Refused with a one-line
 error: attention_dp > 1 (data-parallel attention: one scheduler per rank and all-to-all dispatch, not modelled
 yet), 1 < ep < tp (SGLang's moe_tp = tp / ep: AIConfigurator's tables have no rows with both moe_tp and ep > 1),
-ep > tp (needs attention_dp), an EP group wider than a node's GPUs and ep with [disaggregation].
+ep > tp (needs attention_dp), an EP group wider than a node's GPUs, ep with [disaggregation], and ep > 1 on
+`vllm-v0` (vLLM 0.6.3 predates expert parallelism: `NO_EP_ENGINES`).
 """
 
 from __future__ import annotations
@@ -41,6 +42,18 @@ def check_ep_layout(tp: int, ep: int, attention_dp: int, where: str) -> None:
         raise ConfigError(f"{where}: [parallel] ep = {ep} with tp = {tp}: allowed: 1 (experts sharded by TP) or "
                           f"{tp} (= tp: experts split whole over the TP group, vLLM --enable-expert-parallel at "
                           f"data-parallel size 1)")
+
+
+# Engines without expert parallelism: vLLM 0.6.3 (`vllm-v0`) predates `--enable-expert-parallel`, added by vLLM
+# PR #14305 (merged 2025-03-06, vLLM 0.8.0; before it only the VLLM_TEST_ENABLE_EP variable of PR #12583, 2025-02).
+NO_EP_ENGINES = {"vllm-v0": "vLLM 0.6.3 has no expert parallelism (--enable-expert-parallel came with vLLM 0.8.0, "
+                            "PR #14305)"}
+
+
+def check_ep_engine(ep: int, engine: str, where: str) -> None:
+    """ep > 1 on an engine release that has no expert parallelism (`NO_EP_ENGINES`) is a one-line error."""
+    if ep > 1 and engine in NO_EP_ENGINES:
+        raise ConfigError(f"{where}: [parallel] ep = {ep} with engine {engine}: {NO_EP_ENGINES[engine]}; allowed: 1")
 
 
 def check_ep_placement(ep: int, cluster: Mapping[str, Any] | None, disaggregated: bool, where: str) -> None:

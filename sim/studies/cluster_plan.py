@@ -67,6 +67,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
+from sim.core.ep import NO_EP_ENGINES
 from sim.core.errors import ConfigError
 from sim.core.lazy import lazy
 from sim.core.slo import SLO
@@ -433,6 +434,11 @@ class ClusterPlan:
                     self._prune({"mode": "-", "tp": s.tp, "pp": s.pp, "ep": s.ep, "policy": "-", "profile": s.profile,
                                  "engine": e, "deployment": f"instance {s.text()}{engine_tag(e, '-')}"},
                                 "vllm-v0 with pipeline parallelism (one scheduler per virtual engine) is not modelled")
+                    continue
+                if s.ep > 1 and e in NO_EP_ENGINES:
+                    self._prune({"mode": "-", "tp": s.tp, "pp": s.pp, "ep": s.ep, "policy": "-", "profile": s.profile,
+                                 "engine": e, "deployment": f"instance {s.text()}{engine_tag(e, '-')}"},
+                                NO_EP_ENGINES[e])
                     continue
                 usable[e].append(s)
         # co-located replicas

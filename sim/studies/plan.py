@@ -97,6 +97,7 @@ from sim.studies.plan_candidates import (CONTEXT_TOKENS, ENGINE_DEFAULT, ENGINE_
                                          plan_overrides, policies_for, policy_spec, pool_refusal, probe_window_s,
                                          resolve_profile, splits, throughput_bound_rps,
                                          weights_reason)  # noqa: E402,F401
+from sim.core.ep import NO_EP_ENGINES  # noqa: E402
 from sim.studies.plan_probes import (COST_NOTE, GOODPUT_RESOLUTION, RULE_GOODPUT, RULE_RATE, THIN_MARGIN, _num,
                                      at_rate_row, cost_columns, cost_per_million, cost_unit, counted_rates,
                                      goodputs_above, kv_headroom, label, metric_columns, parse_prices,
@@ -188,7 +189,7 @@ def run_plan(args) -> tuple[pd.DataFrame, dict]:
                         "profile": sp.profile, "kv_tokens": sp.kv_tokens}
                 reason = sp.reason or ("vllm-v0 runs pp = 1 only (V0's one scheduler per virtual engine is not "
                                        "modelled: sim/engine/schedulers/vllm_v0.py)" if eng == "vllm-v0" and sp.pp > 1
-                                       else "")
+                                       else NO_EP_ENGINES[eng] if sp.ep > 1 and eng in NO_EP_ENGINES else "")
                 if reason:
                     rows.append({**base, "policy": "-", "status": "dropped", "reason": reason})
                     continue
