@@ -240,6 +240,10 @@ def cmd_plan(args) -> int:
                  if args.max_gpus else f"{args.gpus or 4} ({gpu}); every TP x PP x replicas split"
                  + (f", placed on nodes of {args.gpus_per_node} ({args.network} between them)"
                     if (args.gpus or 4) > args.gpus_per_node else ""))
+    from sim.studies.plan_candidates import moe_of
+
+    if moe_of(args.plan_model) is not None:  # an MoE model: its expert-parallel layouts and routing too
+        gpus_text = gpus_text.replace("TP x PP", "TP x EP x PP") + f"; MoE routing {args.moe_routing}"
     print(format_header({
         "model": str(args.plan_model) + (f" (--model-config {args.model_config})" if args.model_config else ""),
         "gpus": gpus_text,
