@@ -11,7 +11,11 @@ only the summary's iteration columns (sim/engine/records.py SUMMARY_COLUMNS), wh
   It is the rank whose time the profile's expert curve already is (the table's power-law EP rows time the
   busiest rank), so these columns explain the step time; they do not change it. Computed at powers of two
   of T and interpolated linearly in log2 T between them (the ratio busiest / mean is smooth in T; one draw
-  set per power of two keeps a run's outputs fast), exact at powers of two.
+  set per power of two keeps a run's outputs fast), exact at powers of two. Suspect at very few tokens: where
+  T k rounds to no slot on any expert (T = 1 for 128 experts, top-8), moe_routing's draw gives the k slots to
+  experts 0..k-1 (its fix-up in index order), all on rank 0: 7.3 of 8 slots on the busiest of 8 ranks at one
+  token, while the table's 1-token Qwen3-235B EP rows are 0.60-0.76x the floor that implies
+  (profiles/build_moe.py EP_NOT_BUILT), so the collector likely spreads them; not changed here.
 
 Not recorded: per-rank tokens of data-parallel attention (not modelled: sim/core/ep.py), and the experts' share
 of the step's time (a profile keeps the routed experts' curve inside `linear_ms`, not apart).
