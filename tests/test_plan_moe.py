@@ -109,3 +109,15 @@ def test_vllm_v0_has_no_expert_parallelism():
         config_from_table(t, "test")
     t["scheduler"]["engine"] = "vllm-v1"
     assert config_from_table(t, "test").parallel.ep == 8
+
+
+def test_max_gpus_shapes_hold_ep_layouts():
+    from sim.studies.cluster_plan import shapes_of
+
+    ok, dropped = shapes_of(family_dir(GPU), MODEL, 16, 8, (1, 2))
+    have = {(s.tp, s.ep, s.pp) for s in ok}
+    assert {(8, 8, 1), (8, 1, 1), (4, 4, 2), (4, 1, 2), (8, 8, 2)} <= have
+    assert all(s.text() == f"TP{s.tp}" + (f"-EP{s.ep}" if s.ep > 1 else "") + f"xPP{s.pp}" for s in ok)
+    why = {r["deployment"]: r["reason"] for r in dropped}
+    assert why["instance TP4-EP4xPP1"].startswith("does not fit: qwen3-235b-a22b on h100-sxm-80gb at TP=4 x PP=1 "
+                                                  "(EP=4): weights need 117.6 GB per GPU")
