@@ -15,7 +15,7 @@ from sim.latency import variance as variance_mod
 from sim.latency.analysis import with_overrides
 from sim.latency.base import BatchStats
 from sim.latency.profiled import Profile, ProfiledLatencyModel
-from sim.latency.variance import IterationNoise, VarianceParams, sample_factors
+from sim.latency.variance import BLOCK, IterationNoise, VarianceParams, drift_multipliers, sample_factors
 from sim.core.schemes import scheme_table
 
 from conftest import REPO
@@ -65,6 +65,53 @@ def test_slowdowns_stretch_every_stage_by_one_factor_with_the_stated_statistics(
     assert (hit - 1).mean() == pytest.approx(0.3, rel=0.05)
     # exponential tail: P(stretch > 3 means | slow) = e^-3
     assert ((hit - 1) > 0.9).mean() == pytest.approx(math.exp(-3), rel=0.2)
+
+
+def test_drift_recursion_hand_calculation():
+    """Three steps of the AR(1) log state by hand: sigma 0.1, correlation time 2 iterations
+    (rho = e^-0.5 = 0.606531, innovation 0.1 * sqrt(1 - 0.367879) = 0.079506), draws z = (1, -2, 0.5):
+    x0 = 0.1; x1 = 0.060653 - 0.159012 = -0.098359; x2 = 0.606531 * -0.098359 + 0.079506 * 0.5 =
+    -0.059657 + 0.039753 = -0.019904; g = exp(x - sigma^2 / 2) = exp(x - 0.005)."""
+    g, last = drift_multipliers(0.1, 2.0, np.array([1.0, -2.0, 0.5]))
+    x = [0.1, -0.098359, -0.019904]
+    assert g == pytest.approx([math.exp(v - 0.005) for v in x], abs=2e-6)
+    assert last == pytest.approx(x[-1], abs=2e-6)
+    # a block continues from the previous block's last state, exactly as one long recursion
+    g2, _ = drift_multipliers(0.1, 2.0, np.array([0.5]), x_prev=-0.098359)
+    assert g2[0] == pytest.approx(g[2], abs=2e-6)
+
+
+def test_drift_is_stationary_with_unit_mean_the_stated_spread_and_persistence():
+    """E[g] = 1, Var[log g] = sigma^2, lag-n autocorrelation of log g = rho^n = e^(-n / drift_iters);
+    the same multiplier on every stage; its own stream (jitter and stall draws unchanged)."""
+    base = VarianceParams(jitter_cv=0.02, stall_prob=0.05, stall_mean_ms=8.0)
+    drift = VarianceParams(jitter_cv=0.02, stall_prob=0.05, stall_mean_ms=8.0, drift_sigma=0.1, drift_iters=20.0)
+    assert drift.enabled and VarianceParams(drift_sigma=0.1, drift_iters=20.0).enabled
+    assert not VarianceParams(drift_sigma=0.1).enabled  # no correlation time: off
+    n = 3 * BLOCK + 100   # across block boundaries
+    a = sample_factors(base, num_stages=3, seed=5, n=n)
+    b = sample_factors(drift, num_stages=3, seed=5, n=n)
+    assert np.array_equal(a[:, 3], b[:, 3])
+    g = b[:, :3] / a[:, :3]
+    assert np.allclose(g[:, 0], g[:, 1]) and np.allclose(g[:, 0], g[:, 2])
+    x = np.log(g[:, 0])
+    # about n / (2 * 20) independent stretches: loose bounds (standard errors about 3% of sigma)
+    assert g[:, 0].mean() == pytest.approx(1.0, abs=0.01)
+    assert x.std() == pytest.approx(0.1, rel=0.12)
+    for lag in (1, 20):
+        r = np.corrcoef(x[:-lag], x[lag:])[0, 1]
+        assert r == pytest.approx(math.exp(-lag / 20.0), abs=0.06)
+
+
+def test_drift_override_is_range_checked_and_reaches_the_model():
+    from sim.core.errors import ConfigError
+
+    prof = Profile.load(P32 / "tp1")
+    for key, bad in (("drift_sigma", 0.2), ("drift_iters", 6000.0), ("drift_sigma", -0.01)):
+        with pytest.raises(ConfigError, match=key):
+            with_overrides(prof, **{key: bad})
+    m = ProfiledLatencyModel(with_overrides(prof, drift_sigma=0.05, drift_iters=800.0), 4, seed=1)
+    assert (m.variance.drift_sigma, m.variance.drift_iters) == (0.05, 800.0) and m.variance.drift_on
 
 
 def test_zero_variance_is_exact():

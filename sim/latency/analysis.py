@@ -36,6 +36,8 @@ OVERRIDE_KEYS = {
     "slow_prob": ("ground_truth", "slow_prob"),
     "slow_mean": ("ground_truth", "slow_mean"),
     "stall_mean_ms": ("ground_truth", "stall_mean_ms"),
+    "drift_sigma": ("ground_truth", "drift_sigma"),
+    "drift_iters": ("ground_truth", "drift_iters"),
 }
 
 DEFAULT_DECODE_CONTEXT = 1400
@@ -62,6 +64,8 @@ OVERRIDE_RANGES: dict[str, tuple[float, float]] = {
     "slow_prob": (0.0, 0.15),         # FORMAT.md: 0-15%
     "slow_mean": (0.0, 0.60),         # FORMAT.md: 5-60%, 0 = off
     "stall_mean_ms": (0.0, 30.0),     # FORMAT.md: 2-30 ms, 0 = off
+    "drift_sigma": (0.0, 0.10),       # FORMAT.md: 0-10% (log of the sustained clock, 1.1-1.41 GHz), 0 = off
+    "drift_iters": (0.0, 5000.0),     # FORMAT.md: 0-5000 iterations (a thermal time constant of seconds)
 }
 OPEN_LOW = {"p2p_bw_gbps", "allreduce_busbw_gbps"}     # a bandwidth of 0 is no link at all
 

@@ -45,7 +45,8 @@ profile without the section is the plain table model above):
   (it walks its lists), so the per-iteration CPU cost is `cpu_ms + cpu_per_request_us * n_req`.
   An empty slot's turn pays no scheduler CPU cost (the artifact's `get_next_batch_to_run`
   returns early and no forward runs), only the token broadcast.
-- `jitter_cv`, `stall_prob`, `stall_mean_ms`: run-to-run variance, drawn per iteration by the
+- `jitter_cv`, `stall_prob`, `stall_mean_ms`, `slow_prob`, `slow_mean`, `drift_sigma`, `drift_iters`:
+  run-to-run variance (the last two a persistent clock drift), drawn per iteration by the
   engine from seeded per-stage streams (sim/latency/variance.py). `[latency] variance = false`
   in a run config turns them off (the zero-variance truth for tests and exact golden runs);
   `[latency] noise_cv > 0` overrides `jitter_cv`.
@@ -123,6 +124,8 @@ GROUND_TRUTH_KEYS = {
     "stall_mean_ms": 0.0,
     "slow_prob": 0.0,
     "slow_mean": 0.0,
+    "drift_sigma": 0.0,
+    "drift_iters": 0.0,
 }
 
 
@@ -157,7 +160,8 @@ META_RANGES: dict[str, dict[str, tuple]] = {
     "memory": {"gpu_mem_gib": (0.0, 1e6, True, False), "m_init_gib": (0.0, 1e6, True, False)},
     "ground_truth": {"decode_wave_fraction": _FRAC, "sm_count": (1.0, 1e6, False, False),
                      "cpu_per_request_us": _US, "jitter_cv": (0.0, 10.0, False, False), "stall_prob": _FRAC,
-                     "stall_mean_ms": _MS, "slow_prob": _FRAC, "slow_mean": (0.0, 100.0, False, False)},
+                     "stall_mean_ms": _MS, "slow_prob": _FRAC, "slow_mean": (0.0, 100.0, False, False),
+                     "drift_sigma": (0.0, 10.0, False, False), "drift_iters": (0.0, 1e9, False, False)},
     "moe": {"num_experts": _COUNT, "top_k": _COUNT, "expert_params": _PARAMS, "moe_tp": _COUNT, "ep": _COUNT},
     "roofline": {"bf16_tflops": _GBPS, "peak_tflops": _GBPS, "base_peak_tflops": _GBPS, "hbm_bw_gbps": _GBPS, "link_bw_gbps": _GBPS, "base_bf16_tflops": _GBPS,
                  "base_hbm_bw_gbps": _GBPS},
@@ -642,7 +646,8 @@ class ProfiledLatencyModel:
         if variance:
             self.variance = VarianceParams(jitter_cv=float(noise_cv) or gt["jitter_cv"],
                                            stall_prob=gt["stall_prob"], stall_mean_ms=gt["stall_mean_ms"],
-                                           slow_prob=gt["slow_prob"], slow_mean=gt["slow_mean"])
+                                           slow_prob=gt["slow_prob"], slow_mean=gt["slow_mean"],
+                                           drift_sigma=gt["drift_sigma"], drift_iters=gt["drift_iters"])
         else:  # the zero-variance truth, plus an explicit noise_cv if one was asked for
             self.variance = VarianceParams(jitter_cv=float(noise_cv))
         self.seed = seed
