@@ -31,7 +31,7 @@ COLUMNS = {
     "fig13.csv": ["case", "scheme", "metric", "stat", "value_ms"],
     "fig13_length.csv": ["num_requests", "scheme", "metric", "ratio", "ci_lo", "ci_hi", "min", "max", "num_runs"],
     "fig14.csv": ["scheme", "tpot_slo_ms", "slo_attainment", "finished_within_60s"],
-    "table1.csv": ["predictor", "mape_pct", "predict_us"],
+    "table1.csv": ["predictor", "mape_pct", "mape_pct_ci_lo", "mape_pct_ci_hi", "predict_us", "num_seeds"],
     "busbw.csv": ["workload", "scheme", "busbw_gbps", "fitted", "goodput_rps", "goodput_ci_lo", "goodput_ci_hi"],
 }
 

@@ -52,6 +52,32 @@ def test_objective_tiny_case():
     assert calibrate.objective({"a": 50.0, "b": 20.0, "c": 0.0}, TINY_TARGETS) == 0.0
 
 
+def test_objective_weighs_a_table1_target_at_its_tolerance_like_a_percentile_10_percent_off():
+    """Issue 46: a Table 1 MAPE enters as (0.1 * error / tolerance)^2: ALP 4.9% against 3.4% +- 1.5 points
+    gives 0.01, offline 12.85% against 15.85% +- 3 points gives 0.01, as a percentile 10% off does."""
+    targets = dict(TINY_TARGETS, table1=[{"name": "alp", "predictor": "alp", "value": 3.4, "tolerance_points": 1.5,
+                                          "use": "fit"},
+                                         {"name": "off", "predictor": "offline", "value": 15.85,
+                                          "tolerance_points": 3.0, "use": "fit"}])
+    vals = {"a": 50.0, "b": 20.0, "c": 0.0, "alp": 4.9, "off": 12.85}
+    assert calibrate.objective(vals, targets) == pytest.approx(0.02)
+    assert calibrate.objective(dict(vals, alp=3.4, off=15.85), targets) == pytest.approx(0.0)
+
+
+def test_search_holds_the_held_parameters():
+    """--hold-structure: the held parameters keep their values; the others are searched as before."""
+    targets = {"iteration": [{"name": "x", "value": 1.0, "use": "fit"}]}
+
+    def fake(points):
+        return [{"x": 1 + (p["slow_prob"] - 0.1) + (p["s_mem"] - 1.3)} for p in points]
+
+    held = {"s_mem": 1.05, "s_comp": 1.1, "cpu_ms": 1.5, "cpu_per_request_us": 5.0}
+    res = calibrate.search(targets, [1], 1, False, "grid", log=lambda *_: None, evaluate=fake, held=held)
+    assert {k: res["best"][k] for k in held} == held and res["held"] == held
+    assert res["best"]["slow_prob"] != calibrate.DEFAULTS["slow_prob"]
+    assert "held at" in res["method"]
+
+
 def _pt(**kw) -> tuple:
     return calibrate._key(dict(calibrate.DEFAULTS, **kw))
 
