@@ -426,11 +426,8 @@ FIT_TARGETS = {   # reference/latency-profiles.md section 12
 #   hiccups, a late rank at the blocking token broadcast): 0-10% of iterations, 2-30 ms each.
 # - slow_prob / slow_mean: occasional slow iterations, every stage stretched by 1 + Exp(slow_mean)
 #   (clocks throttled under the power cap, a contended PCIe switch): 0-15% of iterations, 5-60%.
-# - drift_sigma / drift_iters: a persistent clock drift shared by the stages (the sustained clock follows
-#   the GPUs' thermal state): log-multiplier standard deviation 0-10% (1.1-1.41 GHz), correlation time
-#   0-5000 iterations (seconds to tens of seconds); 0 = off (sim/latency/variance.py, issue 46).
 GROUND_TRUTH_DEFAULTS = {"cpu_per_request_us": 20.0, "jitter_cv": 0.03, "stall_prob": 0.02, "stall_mean_ms": 10.0,
-                         "slow_prob": 0.02, "slow_mean": 0.2, "drift_sigma": 0.0, "drift_iters": 0.0}
+                         "slow_prob": 0.02, "slow_mean": 0.2}
 GROUND_TRUTH_FILE = DEFAULT_OUT / "ground_truth.toml"  # written by profiles/fit_ground_truth.py
 for _k in GROUND_TRUTH_DEFAULTS:
     FIT_TARGETS[_k] = ("section 12 step 2 (variance and per-request CPU, the fidelity issue): Fig. 11 azure-conv "

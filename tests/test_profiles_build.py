@@ -158,7 +158,7 @@ def test_meta_has_format_keys(gpu_dir, model, tp):
     fits = {f["param"] for f in meta["fit"]}
     assert fits == {"s_mem", "s_comp", "cpu_ms", "allreduce_busbw_gbps", "allreduce_alpha_us", "p2p_bw_gbps",
                     "p2p_alpha_us", "cpu_per_request_us", "jitter_cv", "stall_prob", "stall_mean_ms",
-                    "slow_prob", "slow_mean", "drift_sigma", "drift_iters"}
+                    "slow_prob", "slow_mean"}
     assert set(meta["ground_truth"]) >= {"decode_wave_fraction", "sm_count", "cpu_per_request_us", "jitter_cv",
                                          "stall_prob", "stall_mean_ms", "slow_prob", "slow_mean"}
     if meta["comm"]["model"] == "table":
