@@ -395,8 +395,8 @@ def render_fits(mode_res: dict, fit: dict, seeds, commit: str, checks: dict, tar
     method = fit["method"]
     held = fit.get("held", {})
     for p in PARAMS:
-        status = ("held at the previous fit's value (profiles/fits.toml before the run; --hold-structure: only the "
-                  "variance re-fitted, issue 46), inside " + str(BOUNDS[p])) if p in held else \
+        status = ("held at the previous fit's value (profiles/fits.toml before the run, --hold), inside "
+                  + str(BOUNDS[p])) if p in held else \
             "fitted (section 12 step 2, inside " + str(BOUNDS[p]) + ")"
         lines += ["[[fit]]", f"param = {_q(p)}", f"value = {fit['best'][p]!r}",
                   f"status = {_q(status)}",
@@ -431,6 +431,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sensitivity", action="store_true", help="also the PCIe bandwidth sensitivity tables")
     ap.add_argument("--hold-structure", action="store_true",
                     help=f"hold {', '.join(STRUCTURE)} at profiles/fits.toml's values; fit only the variance")
+    ap.add_argument("--hold", default="", metavar="P1,P2",
+                    help=f"hold these parameters at profiles/fits.toml's values (of: {', '.join(PARAMS)})")
     args = ap.parse_args(argv)
     os.environ.setdefault("PIPESIM_CACHE", str(REPO.parent / "shared" / "data" / "azure-llm-inference-2023"))
 
@@ -450,9 +452,20 @@ def main(argv: list[str] | None = None) -> int:
 
     print(f"Step 2: {', '.join(PARAMS)} (seeds {seeds}, {args.jobs} jobs)")
     held = {}
-    if args.hold_structure:
+    names = [p for p in args.hold.split(",") if p] + (list(STRUCTURE) if args.hold_structure else [])
+    if names:
+        bad = [p for p in names if p not in PARAMS]
+        if bad:
+            print(f"calibrate.py: --hold {','.join(bad)}: not a fitted parameter; allowed: {', '.join(PARAMS)}",
+                  file=sys.stderr)
+            return 2
         prev = {f["param"]: f["value"] for f in tomllib.loads(FITS.read_text()).get("fit", [])}
-        held = {p: float(prev[p]) for p in STRUCTURE}
+        missing = [p for p in names if p not in prev]
+        if missing:
+            print(f"calibrate.py: --hold {','.join(missing)}: not in {FITS.name}; allowed: {', '.join(prev)}",
+                  file=sys.stderr)
+            return 2
+        held = {p: float(prev[p]) for p in names}
         print(f"  held at the previous fit: {held}")
     fit = search(targets, seeds, args.jobs, args.quick, mode, held=held)
     best = fit["best"]

@@ -180,3 +180,9 @@ def test_committed_profiles_carry_the_committed_fits():
         for f in fits["fit"]:
             sec = {"s_mem": "scaling", "s_comp": "scaling", "cpu_ms": "overhead"}.get(f["param"], "ground_truth")
             assert meta[sec][f["param"]] == f["value"], (meta_path, f["param"])
+
+
+def test_hold_names_an_unknown_parameter_in_one_line(capsys):
+    assert calibrate.main(["--hold", "bogus", "--no-write", "--jobs", "1"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--hold bogus" in err[0] and "cpu_per_request_us" in err[0]
