@@ -110,16 +110,12 @@ class IterationNoise:
             e = self._slow_rng.exponential(1.0, size=BLOCK)
             factors = factors * np.where(u < p.slow_prob, 1.0 + e * p.slow_mean, 1.0)[:, None]
         if self._drift_rng is not None:
-            factors = factors * self._drift_block()[:, None]
+            # one multiplier per iteration for every stage, the recursion continued from the last block
+            g, self._drift_x = drift_multipliers(p.drift_sigma, p.drift_iters,
+                                                 self._drift_rng.standard_normal(size=BLOCK), self._drift_x)
+            factors = factors * g[:, None]
         self._block = list(zip(map(tuple, factors.tolist()), stall))
         self._i = 0
-
-    def _drift_block(self) -> Any:
-        """The clock-drift multipliers of the next BLOCK iterations (the AR(1) recursion of the module
-        docstring, continued from the previous block's last state)."""
-        g, self._drift_x = drift_multipliers(self.params.drift_sigma, self.params.drift_iters,
-                                             self._drift_rng.standard_normal(size=BLOCK), self._drift_x)
-        return g
 
     def next(self) -> tuple[tuple[float, ...], float]:
         """(factor per stage: its jitter times the iteration's slow-down stretch, if any; host stall
