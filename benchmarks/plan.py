@@ -9,14 +9,17 @@ Cases (Qwen2.5-32B, A100-40GB PCIe profiles, `--jobs 2`, 3 paired seeds):
 - `up to 32 GPUs at 8 req/s` (with `--cluster`; issue 34): `--max-gpus 32`, Llama-3.1-70B on H100 SXM
   nodes of 8 over InfiniBand NDR, `azure-conv-synth`, P90 TTFT 1 s / P90 TPOT 50 ms: the fewest GPUs over
   GPU counts, node counts, co-located and disaggregated deployments, TP x PP per pool, two chunk policies
-  (sim/studies/cluster_plan.py); target: within 2 minutes on 2 cores.
+  (sim/studies/cluster_plan.py); target: within 2 minutes on 2 cores;
 - `Qwen3-235B-A22B up to 32 GPUs at 16 req/s` (with `--moe`; issue 44): the fewest H100s for an MoE model, its
   TP x EP x PP instance shapes (tp4-ep4, tp8-ep8 beside the TP-sharded ones, profiles/moe/) among the
-  co-located and disaggregated candidates, `--engine vllm-v1`, P90 TTFT 2 s / P90 TPOT 100 ms; the same target.
+  co-located and disaggregated candidates, `--engine vllm-v1`, P90 TTFT 2 s / P90 TPOT 100 ms; the same target;
+- `up to 32 GPUs, every engine, --verify` (with `--engines`; issue 45's done-when): the same plan over
+  `--engine fastpp,sglang,vllm-v1,vllm-v0` with `--verify` (the recommendation and the three highest
+  goodputs re-simulated with 5,000 requests); target: within 2 minutes on 2 cores.
 
 CPU seconds are the plan process's and its workers' (user + system), the number that does not
 depend on how loaded a shared machine is; on 2 idle cores the wall time is about CPU / 2.
-Run: `python benchmarks/plan.py [--quick] [--goodput] [--cluster] [--moe]`.
+Run: `python benchmarks/plan.py [--quick] [--goodput] [--cluster] [--moe] [--engines]`.
 """
 
 from __future__ import annotations
@@ -47,6 +50,8 @@ CASES = {
                                                   "--workload", "azure-conv-synth", "--rate", "16",
                                                   "--slo", "ttft:p90:2000", "--slo", "tpot:p90:100"],
 }
+CASES["up to 32 GPUs, every engine, --verify"] = [*CASES["up to 32 GPUs at 8 req/s"], "--engine",
+                                                  "fastpp,sglang,vllm-v1,vllm-v0", "--verify"]
 
 
 def trace_missing() -> str:
@@ -83,6 +88,7 @@ def main() -> None:
     ap.add_argument("--goodput", action="store_true", help="also the 4-GPU goodput ranking")
     ap.add_argument("--cluster", action="store_true", help="also the --max-gpus 32 cluster plan")
     ap.add_argument("--moe", action="store_true", help="also the --max-gpus 32 plan of Qwen3-235B-A22B (MoE, EP)")
+    ap.add_argument("--engines", action="store_true", help="also the --max-gpus 32 plan over every engine, --verify")
     args = ap.parse_args()
     names = ["4 GPUs at 4 req/s"] if args.quick else ["4 GPUs at 4 req/s", "8 GPUs at 6 req/s"]
     if args.goodput:
@@ -91,6 +97,8 @@ def main() -> None:
         names.append("up to 32 GPUs at 8 req/s")
     if args.moe:
         names.append("Qwen3-235B-A22B up to 32 GPUs at 16 req/s")
+    if args.engines:
+        names.append("up to 32 GPUs, every engine, --verify")
     rows = []
     for name in names:
         if "azure-conv" in CASES[name] and trace_missing():

@@ -24,20 +24,40 @@ class FakeRunner:
 
 
 def test_count_search_finds_the_smallest_passing_count():
-    # passes from 5 on: the top (9) first, then bisection: 9 ok, (0+9)//2 = 4 fails, 6 ok, 5 ok -> 5 in 4 probes
+    # passes from 5 on: a gallop up from the bound (1, 2, 4, 8: lo + 2^j - 1), then bisection between the
+    # largest miss (4) and the smallest pass (8): 6 ok, 5 ok -> 5 in 6 probes, the one pass at the top
+    # of the range (the lightest load, the costliest run) never run
     seen = []
     s = CountSearch("x", 1, 9, lambda k: {"k": k}, lambda summ: seen.append(summ["k"]) or summ["k"] >= 5)
     run_searches(FakeRunner(), [s], "t")
-    assert s.best == 5 and seen == [9, 4, 6, 5]
-    assert len(s.results) <= 1 + math.ceil(math.log2(9))
-    # failing at the top: nothing fits, one probe
+    assert s.best == 5 and seen == [1, 2, 4, 8, 6, 5]
+    # the bound itself passes: one probe
+    s = CountSearch("w", 3, 9, lambda k: {"k": k}, lambda summ: True)
+    run_searches(FakeRunner(), [s], "t")
+    assert s.best == 3 and list(s.results) == [3]
+    # failing everywhere: the gallop reaches the top (capped at it) and stops there, nothing fits
     s = CountSearch("y", 2, 6, lambda k: {"k": k}, lambda summ: False)
     run_searches(FakeRunner(), [s], "t")
-    assert s.best is None and list(s.results) == [6]
+    assert s.best is None and list(s.results) == [2, 3, 5, 6]
     # an empty range (the bound needs more than N allows) is never probed
     s = CountSearch("z", 5, 4, lambda k: {"k": k}, lambda summ: True)
     run_searches(FakeRunner(), [s], "t")
     assert s.best is None and not s.results
+
+
+def test_count_search_on_a_monotone_outcome_finds_the_smallest_passing_count_of_every_range():
+    # every range and threshold: the smallest passing count (None where even the top misses), each count
+    # probed at most once, at most 2 log2(range) + 2 probes
+    for lo in range(1, 6):
+        for hi in range(lo, 40):
+            for t in range(lo, hi + 3):
+                seen = []
+                s = CountSearch("m", lo, hi, lambda k: {"k": k},
+                                lambda summ, t=t: seen.append(summ["k"]) or summ["k"] >= t)
+                run_searches(FakeRunner(), [s], "t")
+                assert s.best == (t if t <= hi else None), (lo, hi, t)
+                assert len(seen) == len(set(seen)) <= 2 * math.log2(hi - lo + 1) + 2, (lo, hi, t, seen)
+                assert all(lo <= k <= hi for k in seen)
 
 
 def _r(name, gpus, cost, margin, lo, hi, mode="colocated", status="ok", meets=True):

@@ -27,9 +27,10 @@ The search, with its stated bounds (each candidate's row says which one decided 
    is *pruned* (overloaded).
 2. Screens, one instance at its share of the load: k replicas behind a router split R into k streams of
    R / k, so a replica's screen is one replica at R / k; the smallest k that meets the SLOs is found by
-   bisection between the bound and N / GPUs (more replicas never hurt: assumed monotone, as the goodput
-   search assumes in the rate). Pools are screened the same way: a decode instance at R / D with ample
-   prefill instances (of the largest prefill shape, as many as keep each below a quarter of its bound),
+   galloping up from the bound (k = bound, +1, +3, +7, ..., at most N / GPUs) until one passes, then by
+   bisection (more replicas never hurt: assumed monotone, as the goodput search assumes in the rate;
+   `CountSearch` says why from the bound). Pools are screened the same way: a decode instance at R / D
+   with ample prefill instances (of the largest prefill shape, as many as keep each below a quarter of its bound),
    for the whole SLO; a prefill instance at R / P with ample decode instances (the best decode shape's
    count for its share, plus one), for the TTFT objective only. A disaggregated deployment's capacity is
    composed from its pools' (P and D found independently). A shape or pool that misses even at the most
@@ -192,8 +193,16 @@ def engine_version(engine: str) -> str:
 
 
 class CountSearch:
-    """The smallest instance count in [lo, hi] whose probe passes (monotone in the count): the top first,
-    then bisection."""
+    """The smallest instance count in [lo, hi] whose probe passes (monotone in the count): a gallop up from
+    the bound, lo, lo + 1, lo + 3, lo + 7, ... (capped at hi) until a count passes, then bisection between
+    the largest failing and the smallest passing count.
+
+    Why from the bound and not from the top: a count's probe runs one instance at R / count, so the top's
+    is the lightest load and the longest run (a fixed request count at the lowest rate: the most
+    iterations, small batches) and it passes, running to its end; the counts near the bound carry the
+    heavy loads, and those that miss stop as soon as the miss is certain (`[slo] stop_when_violated`).
+    On a monotone outcome both orders find the same count, with that count's probe (the screen numbers)
+    the same run (benchmarks/README.md, "every engine, --verify")."""
 
     def __init__(self, name: str, lo: int, hi: int, make, passes) -> None:
         self.name, self.lo, self.hi, self.make, self.passes = name, lo, hi, make, passes
@@ -205,9 +214,9 @@ class CountSearch:
     def probe(self) -> int | None:
         if self.done:
             return None
-        if self.hi not in self.results:
-            return self.hi
-        if self.best is None or self.best - self.fail <= 1:
+        if self.best is None:  # galloping: the next count doubles the distance from the bound
+            return min(self.hi, self.lo + 2 * (self.fail - self.lo) + 1) if self.fail >= self.lo else self.lo
+        if self.best - self.fail <= 1:
             self.done = True
             return None
         return (self.fail + self.best) // 2
@@ -218,7 +227,9 @@ class CountSearch:
             self.best = count if self.best is None else min(self.best, count)
         else:
             self.fail = max(self.fail, count)
-        if self.best is None and count == self.hi:
+        if self.best is None and count == self.hi:  # nothing passes, not even at the most instances N allows
+            self.done = True
+        elif self.best is not None and self.best - self.fail <= 1:
             self.done = True
 
 
