@@ -1,4 +1,4 @@
-"""Times `ppsim reproduce all` at full size, experiment by experiment, from an empty cache.
+"""Times `ppsim reproduce all` at full size, experiment by experiment, from an empty cache: wall and CPU seconds.
 
 Run: `PIPESIM_CACHE=... python benchmarks/reproduce.py --jobs 2 [--out DIR]` (default: a fresh
 temporary folder). With `--out experiments/results --record`, it regenerates the committed results
@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import platform
+import resource
 import shutil
 import subprocess
 import sys
@@ -21,6 +22,14 @@ sys.path.insert(0, str(REPO))
 
 from experiments import EXPERIMENT_IDS  # noqa: E402
 from sim.cli import main as ppsim  # noqa: E402
+
+
+def cpu_s() -> float:
+    """User + system seconds of this process and of its finished workers (each experiment's runner shuts its
+    worker processes down when the experiment ends, so they are counted by then): the number that does not
+    depend on how loaded a shared machine is; on 2 idle cores the wall time is about CPU / 2."""
+    me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
 
 
 def main() -> int:
@@ -41,16 +50,18 @@ def main() -> int:
     # (`import sim` enabled the compiled modules if fresh and not PIPESIM_PURE; workers do the same)
     engine = "the compiled engine (sim/native.py)" if native.active() else "the engine's Python sources"
     rows = []
-    t_all = time.perf_counter()
+    t_all, cpu_all = time.perf_counter(), cpu_s()
     for exp in EXPERIMENT_IDS:
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), cpu_s()
         code = ppsim(["reproduce", exp, "--jobs", str(args.jobs), "--out", str(out), "--no-progress"])
         rows.append((exp, time.perf_counter() - t0, code))
-        print(f"{exp}: {rows[-1][1]:.1f} s (exit {code})", flush=True)
+        print(f"{exp}: {rows[-1][1]:.1f} s wall, {cpu_s() - c0:.1f} CPU s (exit {code})", flush=True)
         if code:
             return code
     total = time.perf_counter() - t_all
-    print(f"total: {total:.1f} s ({total / 60:.1f} min) with --jobs {args.jobs}")
+    cpu = cpu_s() - cpu_all
+    print(f"total: {total:.1f} s ({total / 60:.1f} min) wall, {cpu:.1f} CPU s (about {cpu / 2 / 60:.1f} min on 2 "
+          f"idle cores) with --jobs {args.jobs}")
     if args.record:
         lines = ["| experiment | wall time (s) |", "|---|---|"] + [f"| {e} | {t:.1f} |" for e, t, _ in rows]
         lines.append(f"| **all** | **{total:.1f}** ({total / 60:.1f} min) |")
