@@ -697,3 +697,22 @@ def test_sglang_prefill_graph_pads_a_prefill_step_by_hand():
     assert SGLangEngine().settings(sc, Hardware("a100-sxm-80gb", 80.0, 1, 2)).prefill_capture_sizes == ()  # PP: off
     assert SGLangEngine().settings(SimpleNamespace(**{**vars(sc), "cuda_graphs": False}),
                                    Hardware("a100-sxm-80gb", 80.0, 1, 1)).prefill_capture_sizes == ()
+
+
+def test_sglang_stalled_decode_keeps_its_segment_and_its_gap_spans_the_stall():
+    # a decodes tokens 2-3; b's prefill-only step (result at 0.04) stalls it; a's token 4 comes
+    # at 0.05: its gap is 0.02, and a's KV held counts no slot for the stalled step
+    s = SGLangScheduler(1, 100_000, 256, 1000, prefix_cache=False)
+    a, b = make_req(0, 300, output=6), make_req(1, 100, output=2, arrival=0.025)
+    seen = []
+
+    def check(sched, running):
+        if len(sched.slots[0].times) == 4:  # (just after the stalled step's result)
+            seen.append((a.out_len, a.seg_times is not None, list(sched.slots[0].holes), a.kv_held, sched.kv_used()))
+
+    mbs = drive(s, [a, b], 7, check=check)
+    assert mbs[3].mode == EXTEND and not mbs[3].decodes
+    # (no settle at the stall: the slot marks the entry, a's segment goes on across it)
+    assert seen == [(3, True, [3], 302, 302 + 100)]
+    assert a.finished and list(a.itls) == pytest.approx([0.01, 0.01, 0.02, 0.01, 0.01])
+    assert s.kv_used() == 0

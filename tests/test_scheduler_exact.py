@@ -143,3 +143,46 @@ def test_decode_segment_gaps_and_kv_across_a_pause_and_a_resume_in_another_slot(
     s.process_result(s.form_batch(1, 4.0), 4.75)  # token 6: finished, settled and freed
     assert req.finished and list(req.itls) == [0.75, 0.75, 1.5, 0.5, 0.75]
     assert req.kv_held == 0 and s.kv_used() == 0
+
+
+def test_settle_skips_the_slots_stalled_entries():
+    """A decode segment across stalls (state.Req, `Slot.holes`): entries 2 and 4 of the slot's
+    result times were prefill-only steps that left the request out, so its tokens are entries 0,
+    1, 3 and 5, and each gap across a stall spans it (by hand: 1.0, 3.5 - 1.0, 6.0 - 3.5)."""
+    from array import array
+
+    req = make_req(0, 100, output=50)
+    req.kv_base = 100
+    req.seg_times = array("d", [0.0, 1.0, 2.0, 3.5, 4.0, 6.0])
+    req.seg_holes = array("q", [2, 4])
+    req.seg_idx = 0
+    assert req.kv_held == 103  # 5 entries after its first, 2 of them stalls
+    req.settle(4)  # up to a stall: its last token is entry 3
+    assert list(req.itls) == [1.0, 2.5] and req.kv_base == 102 and req.last_token_s == 3.5
+    # a segment that starts at a stall (the request was prefilled by that very step) has its
+    # first token there: the stall is not one of its holes
+    req.seg_times, req.seg_idx, req.itls = array("d", [0.0, 1.0, 2.0, 3.5, 4.0, 6.0]), 2, array("d")
+    req.settle()
+    assert list(req.itls) == [1.5, 2.5] and req.kv_base == 104 and req.last_token_s == 6.0
+
+
+def test_settle_across_stalls_long_segment_matches_the_short_path():
+    """The two ways `settle` writes a stalled segment (a plain loop up to 64 entries, numpy beyond)
+    give what one gap per token gives, bit for bit."""
+    from array import array
+
+    import numpy as np
+
+    rng = np.random.default_rng(3)
+    times = array("d", np.cumsum(rng.exponential(0.03, size=300)).tolist())
+    holes = array("q", [k for k in range(1, 300) if rng.random() < 0.3])
+    for start, last in [(0, 299), (5, 60), (17, 250)]:
+        tokens = [k for k in range(start, last + 1) if k == start or k not in set(holes)]
+        req = make_req(0, 10, output=500)
+        req.seg_times, req.seg_holes, req.seg_idx = times, holes, start
+        held = req.kv_held if last == 299 else None
+        req.settle(last)
+        assert list(req.itls) == [times[b] - times[a] for a, b in zip(tokens, tokens[1:])]
+        assert req.kv_base == len(tokens) - 1 and req.last_token_s == times[tokens[-1]]
+        if held is not None:
+            assert held == len(tokens) - 1

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from array import array
+from bisect import bisect_right
 from typing import Any
 
 from sim.latency.batchstats import BatchStats  # (compiled with this module: built without a Python frame)
@@ -45,6 +46,13 @@ class Req:
     `seg_idx`), and `settle` writes the segment's gaps and KV slots out when the segment ends
     (the request finishes, is paused or retracted, or the run ends). `kv_held` is exact at
     any time: the settled count (`kv_base`) plus the segment's tokens since its start.
+
+    Stalls: a prefill-only step of the slot (SGLang's and vLLM V0's prefill-first steps) leaves
+    the slot's running requests out, so its result time is no token of theirs. The slot lists
+    such entries (`Slot.holes`, ascending; the request keeps the list as `seg_holes`) instead of
+    ending every stalled request's segment: a segment's tokens are its entries but the holes
+    after its first (a request that starts its segment at a hole, prefilled by that very step,
+    has its first token there), and the gap across a hole spans the stall, as two segments did.
     """
 
     __slots__ = (
@@ -52,7 +60,7 @@ class Req:
         "out_len", "fill_len", "prefix_len", "slot", "state", "admit_s",
         "first_token_s", "finish_s", "num_chunks", "num_retractions", "truncated_prompt",
         "clipped_output", "finished", "replica", "last_token_s", "itls", "row", "kv_base", "seg_times", "seg_idx",
-        "keep_itls", "pieces", "cached_tokens", "tree_tokens", "cache_path",
+        "seg_holes", "keep_itls", "pieces", "cached_tokens", "tree_tokens", "cache_path", "block_tokens",
     )
 
     def __init__(self, rid: int, arrival_s: float, prompt_len: int, output_len: int,
@@ -73,6 +81,7 @@ class Req:
         self.kv_base = 0
         self.seg_times: array | None = None
         self.seg_idx = 0
+        self.seg_holes: array | None = None  # the slot's stalled entries (`Slot.holes`): not its tokens
         self.slot = -1
         self.state = WAITING
         self.admit_s: float | None = None
@@ -95,13 +104,21 @@ class Req:
         self.cached_tokens = 0
         self.tree_tokens = 0
         self.cache_path: Any = None
+        # vLLM's block pool (sim/engine/schedulers/cached.py BlockScheduler): the tokens it holds in
+        # the block view of the pool it runs in (its own and its cached prefix, counted as allocated)
+        self.block_tokens = 0
 
     @property
     def kv_held(self) -> int:
         times = self.seg_times
         if times is None:
             return self.kv_base
-        return self.kv_base + len(times) - 1 - self.seg_idx
+        start = self.seg_idx
+        n = len(times) - 1 - start
+        holes = self.seg_holes
+        if holes is not None and holes and holes[-1] > start:
+            n -= len(holes) - bisect_right(holes, start)  # (stalls since its first token)
+        return self.kv_base + n
 
     def settle(self, last: int | None = None) -> None:
         """End the decode segment: one gap (`itls`) and one KV slot for every token after its
@@ -113,6 +130,14 @@ class Req:
         if last is None:
             last = len(times) - 1
         start = self.seg_idx
+        holes = self.seg_holes
+        if holes is not None and holes and holes[-1] > start:
+            lo = bisect_right(holes, start)
+            hi = bisect_right(holes, last)
+            if hi > lo:  # stalls inside the segment: its tokens skip them
+                self._settle_around(times, start, last, holes, lo, hi)
+                self.seg_times = None
+                return
         if last > start:
             self.kv_base += last - start
             if self.keep_itls:
@@ -131,6 +156,43 @@ class Req:
                     del view  # (the view pins the array's buffer: it must not outlive this call)
             self.last_token_s = times[last]
         self.seg_times = None
+
+    def _settle_around(self, times: array, start: int, last: int, holes: array, lo: int, hi: int) -> None:
+        """`settle` of a segment with stalls: its tokens are `times[start..last]` but the entries
+        `holes[lo:hi]` (each inside (start, last]); a gap across a stall spans it, the same float
+        subtraction as when the stall ended the segment and the next token started another."""
+        if last - start <= 64:
+            itls = self.itls
+            keep = self.keep_itls
+            prev = start
+            n = 0
+            h = lo
+            nxt = holes[h]
+            for k in range(start + 1, last + 1):
+                if k == nxt:
+                    h += 1
+                    nxt = holes[h] if h < hi else -1
+                    continue
+                if keep:
+                    itls.append(times[k] - times[prev])
+                prev = k
+                n += 1
+        else:
+            # (views of the arrays pin their buffers: each is dropped as soon as it is copied)
+            keep_mask = np.ones(last + 1 - start, dtype=bool)
+            keep_mask[np.frombuffer(holes, dtype=np.int64, count=hi - lo, offset=8 * lo) - start] = False
+            view = np.frombuffer(times, dtype=np.float64, count=last + 1 - start, offset=8 * start)
+            tok = view[keep_mask]  # (a copy)
+            del view
+            n = len(tok) - 1
+            prev = last
+            while not keep_mask[prev - start]:  # (the last entry that is a token of its)
+                prev -= 1
+            if self.keep_itls and n > 0:
+                self.itls.frombytes(np.subtract(tok[1:], tok[:-1]).tobytes())
+        if n > 0:
+            self.kv_base += n
+            self.last_token_s = times[prev]
 
     @property
     def context_len(self) -> int:

@@ -17,6 +17,7 @@ defaults, with the source each comes from, are in sim/engine/schedulers/README.m
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -80,8 +81,6 @@ def pick_version(name: str, versions: dict[str, str], default: str, asked: str) 
 def pad_to(sizes: tuple[int, ...], n: int) -> int:
     """The smallest captured size >= n (a CUDA graph is replayed at that size); n itself when
     n exceeds every captured size (the batch runs eagerly, unpadded)."""
-    from bisect import bisect_left
-
     i = bisect_left(sizes, n)
     return sizes[i] if i < len(sizes) else n
 

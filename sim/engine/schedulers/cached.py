@@ -24,11 +24,11 @@ whose prompt starts with them, and the pool splits three ways, an invariant the 
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from typing import Any
 
 from sim.engine.prefix_cache import PrefixCache
 from sim.engine.schedulers.fastpp import Scheduler
-from sim.engine.schedulers import pad_to
 from sim.engine.state import MicroBatch, Req
 from sim.workloads.base import output_piece
 
@@ -136,9 +136,9 @@ class CachedScheduler(Scheduler):
             req.cache_path = path
             req.tree_tokens = covered
 
-    def _emit(self, req: Req, now_s: float, times: Any, j: int) -> None:
+    def _emit(self, req: Req, now_s: float, slot: Any, j: int) -> None:
         first = req.first_token_s is None
-        super()._emit(req, now_s, times, j)
+        super()._emit(req, now_s, slot, j)
         if first and not req.finished and self.cache is not None and req.pieces:
             self._to_cache(req, req.prompt_len, req.pieces, now_s)
 
@@ -172,18 +172,16 @@ class CachedScheduler(Scheduler):
         else:
             return mb
         if n <= sizes[-1]:
-            st.pad_tokens = pad_to(sizes, n) - n
+            st.pad_tokens = sizes[bisect_left(sizes, n)] - n  # (pad_to, without a Python call)
         return mb
 
     def stall(self, slot: Any) -> None:
-        """The slot's running requests sit this micro-batch out (a prefill-only step): their
-        decode segments end here (state.Req counts a segment's tokens off the slot's result
-        times, one per micro-batch), so that their next token starts a new one and its gap
-        spans the stall."""
+        """The slot's running requests sit this micro-batch out (a prefill-only step): its
+        result time is no token of theirs. The slot marks it (`Slot.stalled`; the result's
+        entry becomes one of `Slot.holes`) and their decode segments go on across it
+        (state.Req): their next token's gap spans the stall, with no work per request here."""
         if slot.running:
-            for r in slot.running:
-                r.settle()
-            slot.sampled = None
+            slot.stalled = True  # (its running list is unchanged: a sampled summary stays valid)
 
     def kv_accounted(self) -> int:
         """kv_free + the cache's tokens: with every running request's own tokens, the capacity."""
@@ -193,7 +191,7 @@ class CachedScheduler(Scheduler):
 class BlockScheduler(CachedScheduler):
     """vLLM's KV pool: whole blocks of `block_size` tokens (vLLM V1 `v1/core/block_pool.py`
     `BlockPool`, V0 `core/block_manager.py` `SelfAttnBlockSpaceManager`). A request holds
-    ceil(tokens / block_size) blocks, so the unfilled tail of its last block is taken from the
+    ceil(tokens / block_size) blocks (its tokens: `Req.block_tokens`), so the unfilled tail of its last block is taken from the
     pool: an allocation fits when its new blocks fit the free ones, not its tokens
     (`kv_cache_manager.py` `allocate_slots`: `num_blocks_to_allocate > get_num_free_blocks()`),
     and preemption comes when the blocks run out. The pool keeps counting tokens (`kv_free`);
@@ -207,13 +205,12 @@ class BlockScheduler(CachedScheduler):
                          block_size)
         self.block = block_size
         self.slack = 0  # the requests' unfilled last-block tails, in tokens
-        self.held: dict[int, int] = {}  # request id -> tokens it holds (its own and its cached prefix)
 
     def _grow(self, req: Req, tokens: int) -> None:
         b = self.block
-        old = self.held.get(req.rid, 0)
+        old = req.block_tokens
         new = old + tokens
-        self.held[req.rid] = new
+        req.block_tokens = new
         self.slack += (-new) % b - (-old) % b
 
     def free_blocks(self, path: Any = None) -> int:
@@ -223,14 +220,25 @@ class BlockScheduler(CachedScheduler):
     def blocks_for(self, req: Req, tokens: int) -> int:
         """New blocks `tokens` more tokens of `req` need (get_num_blocks_to_allocate)."""
         b = self.block
-        old = self.held.get(req.rid, 0)
+        old = req.block_tokens
         return -(-(old + tokens) // b) - -(-old // b)
 
     def decode_blocks(self, reqs: list[Req]) -> int:
         """New blocks one more token each of `reqs` needs: one per request whose last block is full."""
         b = self.block
-        held = self.held
-        return sum(1 for r in reqs if held.get(r.rid, 0) % b == 0)
+        n = 0
+        for r in reqs:
+            if r.block_tokens % b == 0:
+                n += 1
+        return n
+
+    def _grow_decodes(self, reqs: list[Req], new_blocks: int) -> None:
+        """`_grow(r, 1)` for each of `reqs`, `new_blocks` of which (`decode_blocks`) start a new block:
+        a request whose last block was full leaves b - 1 tokens of its new one unfilled, each
+        other one fills one more of its tail (the same `slack`, without a call per request)."""
+        for r in reqs:
+            r.block_tokens += 1
+        self.slack += new_blocks * (self.block - 1) - (len(reqs) - new_blocks)
 
     def admit_hit(self, req: Req, hit: int, path: Any, now_s: float = 0.0) -> None:
         super().admit_hit(req, hit, path, now_s)
@@ -242,13 +250,14 @@ class BlockScheduler(CachedScheduler):
         self._grow(req, tokens)
 
     def _alloc_decode(self, reqs: list[Req], what: str, now_s: float,
-                      known: tuple[int, int, int] | None = None) -> tuple[int, int, int]:
+                      known: tuple[int, int, int] | None = None, new_blocks: int = -1) -> tuple[int, int, int]:
+        """`new_blocks`: `decode_blocks(reqs)` when the caller has counted them (-1: counted here)."""
         out = super()._alloc_decode(reqs, what, now_s, known)
-        for r in reqs:
-            self._grow(r, 1)
+        self._grow_decodes(reqs, new_blocks if new_blocks >= 0 else self.decode_blocks(reqs))
         return out
 
     def _free(self, req: Req) -> None:
         super()._free(req)
-        old = self.held.pop(req.rid, 0)
+        old = req.block_tokens
+        req.block_tokens = 0
         self.slack -= (-old) % self.block

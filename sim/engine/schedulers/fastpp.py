@@ -43,7 +43,7 @@ class Slot:
     """Per-slot state: `running` is SGLang's running_batch (None while a mixed/extend
     micro-batch of this slot is in flight), `last` the micro-batch last launched."""
 
-    __slots__ = ("index", "running", "last", "cycle_start_s", "sampled", "summary", "times")
+    __slots__ = ("index", "running", "last", "cycle_start_s", "sampled", "summary", "times", "holes", "stalled")
 
     def __init__(self, index: int) -> None:
         self.index = index
@@ -61,6 +61,10 @@ class Slot:
         # the result time of each of the slot's micro-batches: the token times of the
         # requests decoding in it (their decode segments, state.Req)
         self.times = array("d")
+        # the entries of `times` that were stalls (a prefill-only step that left the running
+        # requests out: cached.py `stall`), ascending: no token of the requests then decoding here
+        self.holes = array("q")
+        self.stalled = False  # the micro-batch in flight stalls the running requests
 
 
 class Scheduler:
@@ -233,14 +237,24 @@ class Scheduler:
         # (the request being chunked is never a decode)
         if len(kept) < sum(1 for p in last.prefill if p[0] is not chunked) + len(last.decodes):
             self.batch_is_full = False
+        running = slot.running
+        # a running list that sat out a prefill-only step (its requests stalled: cached.py) keeps its
+        # summary, and the requests this batch prefilled add theirs
+        stalled = running is not None and running is slot.sampled and not last.decodes
         slot.sampled = None
         if kept:
-            if slot.running is None:
+            if running is None:
                 slot.running = kept
                 slot.sampled = kept
                 slot.summary = (ctx, 0, total, top)
-            else:  # (the running list grows in place: summed again when read)
-                slot.running.extend(kept)
+            else:  # (the running list grows in place)
+                running.extend(kept)
+                if stalled:
+                    c0, d0, t0, p0 = slot.summary
+                    slot.sampled = running
+                    slot.summary = (c0 + ctx, d0, t0 + total, p0 if p0 > top else top)
+        elif stalled:
+            slot.sampled = running
         slot.last = None
 
     def _reserved_output_tokens(self) -> float:
@@ -389,6 +403,9 @@ class Scheduler:
         times = slot.times
         j = len(times)
         times.append(now_s)
+        if slot.stalled:  # (one micro-batch of a slot is in flight at a time: this one)
+            slot.holes.append(j)
+            slot.stalled = False
         # NOTE: a batch carrying the slot's running requests continues its cycle; a fresh
         # extend batch starts one (SGLang copies cur_time on merge; a new batch has none).
         if mb.mode != EXTEND and slot.cycle_start_s is not None:
@@ -397,7 +414,7 @@ class Scheduler:
         chunked = mb.chunked
         for req, _new, _prefix in mb.prefill:
             if req is not chunked:
-                self._emit(req, now_s, times, j)
+                self._emit(req, now_s, slot, j)
         # the hot loop: a request in its decode segment of this slot only counts its token
         # (state.Req: the gap and the KV slot are settled when the segment ends)
         decodes = mb.decodes
@@ -408,7 +425,7 @@ class Scheduler:
             if out >= req.max_new or req.seg_times is not times:
                 req.out_len = out - 1
                 req.kv_base += 1  # the KV slot allocated when the batch was formed (_alloc_decode)
-                self._emit(req, now_s, times, j)
+                self._emit(req, now_s, slot, j)
                 if req.finished:
                     done += 1
                     done_ctx += req.prompt_len + req.out_len
@@ -422,9 +439,10 @@ class Scheduler:
         else:  # a prefill/mixed batch: `_retire` makes the running list
             mb.after = after
 
-    def _emit(self, req: Req, now_s: float, times: array, j: int) -> None:
-        """A token sampled at `times[j]` (= `now_s`) outside a decode segment's run: the first,
-        the last, or one that starts a segment in this slot."""
+    def _emit(self, req: Req, now_s: float, slot: Slot, j: int) -> None:
+        """A token sampled at `slot.times[j]` (= `now_s`) outside a decode segment's run: the
+        first, the last, or one that starts a segment in this slot."""
+        times = slot.times
         if req.seg_times is not None:
             # its previous token was the slot's previous result if it was decoding here
             req.settle(j - 1 if req.seg_times is times else None)
@@ -447,6 +465,7 @@ class Scheduler:
         else:
             req.seg_times = times
             req.seg_idx = j
+            req.seg_holes = slot.holes
 
 
 class PrefillAdder:

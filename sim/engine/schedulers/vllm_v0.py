@@ -188,8 +188,11 @@ class VllmV0Scheduler(BlockScheduler):
             slot.running = None
             return None
         queue = [r for r in slot.running if not r.finished]
-        while queue and self.free_blocks() < self.decode_blocks(queue):  # can_append_slots
+        need = self.decode_blocks(queue)  # (kept as the queue shrinks: a victim's own block leaves)
+        while queue and self.free_blocks() < need:  # can_append_slots
             victim = queue.pop()  # the newest running request, by recompute
+            if victim.block_tokens % self.block == 0:
+                need -= 1
             self.events.append((now_s, slot.index, victim.rid, "preempt"))
             self._requeue(victim)
             self.waiting.appendleft(victim)
@@ -199,7 +202,7 @@ class VllmV0Scheduler(BlockScheduler):
             slot.running = None
             slot.cycle_start_s = None
             return None
-        known = self._alloc_decode(queue, "decode", now_s)
+        known = self._alloc_decode(queue, "decode", now_s, None, need)
         slot.running = queue
         slot.sampled = None
         return MicroBatch(self.num_launched, slot.index, DECODE, [], queue, None, self.chunk_size,

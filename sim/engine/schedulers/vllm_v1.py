@@ -137,18 +137,38 @@ class VllmV1Scheduler(BlockScheduler):
         decodes: list[Req] = []
         preempted = False
         # (1) the running requests of this slot: the decodes, in admission order
+        known: tuple[int, int, int] | None = None  # the decodes' (context, tokens left, most left)
         if slot.running:
-            queue = [r for r in slot.running if not r.finished]
+            # one walk: the live requests, the new blocks their tokens need (`decode_blocks`) and
+            # the batch's decode sums (state.lengths)
+            b = self.block
+            queue: list[Req] = []
+            need = ctx = total = top = 0
+            for r in slot.running:
+                if not r.finished:
+                    queue.append(r)
+                    if r.block_tokens % b == 0:
+                        need += 1
+                    out = r.out_len
+                    ctx += r.prompt_len + out
+                    left = r.max_new - out
+                    total += left
+                    if left > top:
+                        top = left
+            known = (ctx, total, top)
             # one token each; while they do not all fit, the last one is preempted (it may be
             # the request being scheduled itself, which then stops the loop in vLLM: the same set)
-            while queue and self.decode_blocks(queue) > self.free_blocks():
-                self._preempt(queue.pop(), now_s)  # NOTE: among this slot's requests (module docstring)
+            while queue and need > self.free_blocks():
+                victim = queue.pop()  # NOTE: among this slot's requests (module docstring)
+                if victim.block_tokens % b == 0:
+                    need -= 1
+                self._preempt(victim, now_s)
                 preempted = True
+                known = None
             if queue:
                 self._make_room(len(queue))
                 self.kv_free -= len(queue)  # (each request's count settles when its token is back)
-                for r in queue:
-                    self._grow(r, 1)  # its blocks: a new one when its last was full (decode_blocks)
+                self._grow_decodes(queue, need)  # its blocks: a new one when its last was full
             decodes = queue
             budget -= len(queue)
             slot.running = decodes if decodes else None
@@ -212,7 +232,11 @@ class VllmV1Scheduler(BlockScheduler):
         mode = MIXED if prefill and decodes else EXTEND if prefill else DECODE
         if mode != DECODE:
             slot.running = None  # the decodes are in flight with the prefill pieces
-        mb = MicroBatch(self.num_launched, slot_idx, mode, prefill, decodes, new_chunked, self.chunk_size)
+        if known is None or not decodes:
+            known = None  # (summed by MicroBatch)
+        mb = MicroBatch(self.num_launched, slot_idx, mode, prefill, decodes, new_chunked, self.chunk_size,
+                        decode_ctx=known[0] if known is not None else None,
+                        decode_left=known[1:] if known is not None else None)
         self.pad(mb)
         slot.last = mb
         self.num_launched += 1
