@@ -161,32 +161,35 @@ class Req:
         """`settle` of a segment with stalls: its tokens are `times[start..last]` but the entries
         `holes[lo:hi]` (each inside (start, last]); a gap across a stall spans it, the same float
         subtraction as when the stall ended the segment and the next token started another."""
-        if last - start <= 64:
-            itls = self.itls
-            keep = self.keep_itls
-            prev = start
-            n = 0
-            h = lo
-            nxt = holes[h]
-            for k in range(start + 1, last + 1):
+        if last - start <= 32:
+            # (a plain loop over lists: reading the arrays item by item would box every index)
+            seg: list[float] = times[start:last + 1].tolist()
+            skip: list[int] = holes[lo:hi].tolist()
+            gaps: list[float] = []
+            prev = 0
+            h = 0
+            nxt = skip[0] - start
+            for k in range(1, len(seg)):
                 if k == nxt:
                     h += 1
-                    nxt = holes[h] if h < hi else -1
+                    nxt = skip[h] - start if h < len(skip) else -1
                     continue
-                if keep:
-                    itls.append(times[k] - times[prev])
+                gaps.append(seg[k] - seg[prev])
                 prev = k
-                n += 1
+            n = len(gaps)
+            prev += start
+            if self.keep_itls:
+                self.itls.fromlist(gaps)
         else:
             # (views of the arrays pin their buffers: each is dropped as soon as it is copied)
-            keep_mask = np.ones(last + 1 - start, dtype=bool)
-            keep_mask[np.frombuffer(holes, dtype=np.int64, count=hi - lo, offset=8 * lo) - start] = False
+            hole = np.zeros(last + 1 - start, dtype=bool)
+            hole[np.frombuffer(holes, dtype=np.int64, count=hi - lo, offset=8 * lo) - start] = True
             view = np.frombuffer(times, dtype=np.float64, count=last + 1 - start, offset=8 * start)
-            tok = view[keep_mask]  # (a copy)
+            tok = view[np.logical_not(hole)]  # (a copy)
             del view
             n = len(tok) - 1
             prev = last
-            while not keep_mask[prev - start]:  # (the last entry that is a token of its)
+            while hole[prev - start]:  # (the last entry that is a token of its)
                 prev -= 1
             if self.keep_itls and n > 0:
                 self.itls.frombytes(np.subtract(tok[1:], tok[:-1]).tobytes())
