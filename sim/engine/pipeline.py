@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections import deque
 from heapq import heappop, heappush
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Final, Generator
 
 import simpy
 from simpy.events import NORMAL
@@ -24,14 +24,14 @@ from simpy.events import NORMAL
 from sim.engine.schedulers.fastpp import INIT_NEW_TOKEN_RATIO, RunFailed, Scheduler
 from sim.engine.records import IterationLog
 from sim.engine.requests import RequestTable
-from sim.engine.state import IGNORED, Req
+from sim.engine.state import IGNORED, MicroBatch, Req
 from sim.engine.view import SchedulerView, batch_info
 from sim.core.lazy import lazy
 from sim.core.slo import late_from_s, need_over, need_under
 
 np = lazy("numpy")  # imported on first use (sim/core/lazy.py)
 
-INF = float("inf")
+INF: Final = float("inf")
 
 
 def _trigger_at(env: simpy.Environment, event: simpy.Event, when_s: float) -> None:
@@ -264,8 +264,9 @@ class Pipeline:
         # token_usage count usage so (module docstring of sim/engine/schedulers/cached.py)
         self.kv_peak_active = 0
         self.busy = [0.0] * self.P  # this iteration's busy time of each stage
-        self.factors = (1.0,) * self.P  # this iteration's per-stage jitter (1.0: none)
-        self.inflight: deque = deque([None] * self.P, maxlen=self.P)  # micro-batch in stage s
+        self.factors: list[float] = [1.0] * self.P  # this iteration's per-stage jitter (1.0: none)
+        # the micro-batch in stage s at index s (a list, not a deque: indexed P times an iteration)
+        self.inflight: list[MicroBatch | None] = [None] * self.P
         # alone: the only process on its clock, driven by `run_alone` instead of env.run()
         self.alone = alone
         self.proc: Any = None if alone else env.process(self._scheduler())
@@ -294,23 +295,23 @@ class Pipeline:
         except StopIteration:
             pass
 
-    def _scheduler(self):
+    def _scheduler(self) -> Generator[Any, None, None]:
         env, sched, P = self.env, self.sched, self.P
         alone = self.alone  # driven by `run_alone`, which takes an iteration's end as a float
-        queue = self.inbox.queue
+        queue: Any = self.inbox.queue
         # An inbox closed from the start holds the whole workload and changes only by this
         # loop's pops: the head's arrival is kept here (`next_s`) instead of being asked of the
         # queue every iteration (a table's LazyQueue answers in Python).
         fixed = self.inbox.closed
-        next_s = queue[0].arrival_s if fixed and queue else INF
+        next_s: float = queue[0].arrival_s if fixed and queue else INF
         inflight, busy = self.inflight, self.busy
         overhead_of = getattr(self.latency, "overhead_s", None)
-        overhead = self.latency.iteration_overhead_s
+        overhead: float = self.latency.iteration_overhead_s
         # the engine version's modelled host time (sim/engine/hosttime.py) instead of the profile's
         # (profiled latency only: a constant model's `overhead_ms` is the whole host time it is asked to charge)
         host_cost = getattr(sched, "host_cost", None) if overhead_of is not None else None
-        host_floor = host_cost.exposed_ms / 1e3 if host_cost is not None else 0.0
-        bcast_s = getattr(self.latency, "broadcast_s", 0.0)
+        host_floor: float = host_cost.exposed_ms / 1e3 if host_cost is not None else 0.0
+        bcast_s: float = getattr(self.latency, "broadcast_s", 0.0)
         noise = self.noise
         horizon = self.horizon_s
         idle_turns = 0
@@ -322,7 +323,7 @@ class Pipeline:
         every = getattr(self.policy, "decides_every_steps", 1)
         stage_times = self.latency.stage_times
         while True:
-            now = env._now  # (what SimPy's `now` property returns, read without its Python frame)
+            now: float = env._now  # (what SimPy's `now` property returns, read without its Python frame)
             if horizon and now >= horizon:
                 break
             if self.guard is not None and (self.guard.reason or (k % SLOGuard.CHECK_EVERY == 0 and self.guard.check(now))):
@@ -365,7 +366,8 @@ class Pipeline:
             if mb is not None:
                 mb.stage_s = stage_times(mb.stats)
                 idle_turns = 0
-            inflight.appendleft(mb)
+            inflight.pop()  # (None: the last stage's micro-batch left at the previous iteration's end)
+            inflight.insert(0, mb)
             if mb is None and not any(inflight):
                 # NOTE: the artifact's idle path resets the token-ratio estimate (SGLang 0.5.23
                 # resets it only when fully idle: above).
@@ -386,7 +388,7 @@ class Pipeline:
                         break
             # NOTE: models without a per-batch host cost charge the constant overhead on every turn
             if host_cost is not None and mb is not None:
-                host_s = host_cost.host_s(mb.stats) + bcast_s
+                host_s: float = host_cost.host_s(mb.stats) + bcast_s
             else:
                 host_s = overhead if overhead_of is None else overhead_of(mb.stats if mb is not None else None)
             if sched.overlap_host and mb is not None:
@@ -402,10 +404,16 @@ class Pipeline:
             # the stages start once the host time is paid, each on the micro-batch that entered
             # stage 0 at iteration k - s; the iteration ends at the slowest one's finish (the same
             # floats, start + busy, as one timeout per stage started at the stages' start)
+            factors = self.factors
+            top = 0.0  # max(busy), kept as the builtin keeps it (the first of the largest): the
+            # builtin's argument parsing cost more than the rest of this loop
             for s in range(P):
                 m = inflight[s]
-                busy[s] = m.stage_s[s] * self.factors[s] if m is not None else 0.0
-            end = (now + (host_s if host_s > 0 else 0.0)) + max(busy)
+                b = m.stage_s[s] * factors[s] if m is not None else 0.0
+                busy[s] = b
+                if s == 0 or b > top:
+                    top = b
+            end = (now + (host_s if host_s > 0 else 0.0)) + top
             if alone:
                 # run alone (`run_alone`): the end time itself is handed over and the clock set to
                 # it, no SimPy event made, scheduled and popped per iteration (the same float)
@@ -415,7 +423,7 @@ class Pipeline:
                 _trigger_at(env, done, end)
                 yield done
                 end = env._now
-            prev_gpu_s = max(self.busy) if mb is not None else 0.0
+            prev_gpu_s = top if mb is not None else 0.0  # (max(self.busy): unchanged since)
             self._record(k, slot, now, end, mb, kv_used, kv_active)
             if mb is not None:
                 self.step += 1

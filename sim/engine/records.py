@@ -32,6 +32,8 @@ COLUMNS = {
 
 # the columns `sim.outputs.metrics.summarize` reads (besides the stage busy times and the replica)
 SUMMARY_COLUMNS = ("start_s", "end_s", "mode", "prefill_tokens", "kv_used_tokens", "num_waiting")
+# (IterationLog.record's spilling branch appends these positions of COLUMNS)
+assert [list(COLUMNS).index(c) for c in SUMMARY_COLUMNS] == [2, 3, 4, 6, 10, 11]
 
 
 class ModeColumn:
@@ -131,6 +133,18 @@ class IterationLog:
                num_waiting: int, num_running: int, host_s: float, busy: list) -> None:
         """Append one iteration: the values of COLUMNS in order, then the stages' busy seconds."""
         b = self._buf
+        if self.spill:  # only what the files keep (SUMMARY_COLUMNS, at their COLUMNS positions)
+            b[2].append(start_s)
+            b[3].append(end_s)
+            b[4].append(mode)
+            b[6].append(prefill_tokens)
+            b[10].append(kv_used_tokens)
+            b[11].append(num_waiting)
+            self._busy.extend(busy)
+            self._n += 1
+            if self._n >= self.BLOCK:
+                self._flush()
+            return
         b[0].append(k)
         b[1].append(slot)
         b[2].append(start_s)

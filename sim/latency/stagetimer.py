@@ -112,17 +112,23 @@ class StageTimer:
         return self.cpu_s + self.cpu_per_req_s * float(st.num_prefill + st.num_decode) + self.broadcast_s
 
     def times(self, st: Any) -> tuple[float, ...]:
-        pt = int(st.prefill_tokens)
-        nd = int(st.num_decode)
+        # int(x) of each count, without calling the builtin when it is an int already (the engine's
+        # stats are; analysis code may pass numpy integers): compiled, the call cost more than the rest
+        x = st.prefill_tokens
+        pt: int = x if isinstance(x, int) else int(x)
+        x = st.num_decode
+        nd: int = x if isinstance(x, int) else int(x)
         if pt + nd <= 0:
             return self._zeros
-        tokens = pt + nd + int(st.pad_tokens)  # the linear layers compute a CUDA graph's padding rows too
+        x = st.pad_tokens
+        tokens = pt + nd + (x if isinstance(x, int) else int(x))  # the linear layers compute a CUDA graph's padding rows too
         parts = self._parts.get(tokens)
         if parts is None:
             parts = tuple([(int(n), float(lin), float(comm), float(ov)) for n, lin, comm, ov in self.parts_of(tokens)])
             self._parts[tokens] = parts
         # attention_s, with each field of the batch read once
-        npre = int(st.num_prefill)
+        x = st.num_prefill
+        npre: int = x if isinstance(x, int) else int(x)
         c2 = cp = ctx = 0.0
         if npre:
             c2 = float(st.sum_c2)

@@ -76,8 +76,8 @@ class IterationNoise:
     """The per-iteration draws of one run (or of one start-up profiling session).
 
     Every stream is drawn `BLOCK` values at a time, all streams together (each stream gives
-    exactly one value per iteration, so they stay aligned); a block is turned into one list of
-    (factors, stall) pairs, so an iteration costs one list index."""
+    exactly one value per iteration, so they stay aligned); a block is turned into a list of
+    per-stage factor rows and a list of stalls, so an iteration costs two list indexes."""
 
     def __init__(self, params: VarianceParams, num_stages: int, seed: int, prefix: str = "latency") -> None:
         self.params = params
@@ -89,7 +89,8 @@ class IterationNoise:
         self._slow_rng = stream(seed, f"{prefix}-slowdown") if params.slow_prob > 0 and params.slow_mean > 0 else None
         self._drift_rng = stream(seed, f"{prefix}-drift") if params.drift_on else None
         self._drift_x: float | None = None   # the drift's log state after the last iteration drawn
-        self._block: list = []
+        self._factors: list[list[float]] = []  # the block's rows: one factor per stage
+        self._stalls: list[float] = []
         self._i = 0
 
     def _refill(self) -> None:
@@ -114,17 +115,19 @@ class IterationNoise:
             g, self._drift_x = drift_multipliers(p.drift_sigma, p.drift_iters,
                                                  self._drift_rng.standard_normal(size=BLOCK), self._drift_x)
             factors = factors * g[:, None]
-        self._block = list(zip(map(tuple, factors.tolist()), stall))
+        self._factors = factors.tolist()
+        self._stalls = stall
         self._i = 0
 
-    def next(self) -> tuple[tuple[float, ...], float]:
+    def next(self) -> tuple[list[float], float]:
         """(factor per stage: its jitter times the iteration's slow-down stretch, if any; host stall
-        in seconds) for the next iteration."""
-        if self._i >= len(self._block):
+        in seconds) for the next iteration. The factor list is the block's own row: read, not changed."""
+        i = self._i
+        if i >= len(self._stalls):
             self._refill()
-        v = self._block[self._i]
-        self._i += 1
-        return v
+            i = 0
+        self._i = i + 1
+        return self._factors[i], self._stalls[i]
 
 
 def drift_multipliers(sigma: float, iters: float, z: Any, x_prev: float | None = None) -> tuple[Any, float | None]:
