@@ -80,3 +80,31 @@ def test_itl_pool_past_its_exact_limit_keeps_the_percentiles(monkeypatch):
             assert counted[k] == pytest.approx(v, rel=1e-12)
         else:
             assert counted[k] == v or (isinstance(v, float) and math.isnan(v) and math.isnan(counted[k])), k
+
+
+def test_itl_pool_writes_each_rows_largest_gap_across_its_modes(monkeypatch):
+    """The pool writes each added row's largest gap (the builtin max of what it was handed) in
+    blocks: in exact mode, when it turns to counts, at each merge, and on `write_max`."""
+    from array import array
+
+    monkeypatch.setattr(ItlPool, "EXACT_LIMIT", 300)
+    monkeypatch.setattr(ItlPool, "MERGE_MIN", 120)
+    rng = np.random.default_rng(7)
+    n = 60
+    out = array("d", [math.nan]) * n
+    pool = ItlPool(n, out)
+    expected = {}
+    for row in rng.permutation(n).tolist():
+        gaps = array("d", (rng.random(int(rng.integers(0, 40))) * 0.05).tolist())
+        pool.add(row, gaps)
+        if len(gaps):
+            expected[row] = max(gaps)
+        if row % 17 == 0:
+            pool.write_max()  # (the table's close() may come at any point)
+    pool.write_max()
+    assert not pool.exact
+    for row in range(n):
+        if row in expected:
+            assert out[row] == expected[row], row
+        else:
+            assert math.isnan(out[row]), row

@@ -82,44 +82,84 @@ class ItlPool:
     EXACT_LIMIT = 1 << 22  # samples (32 MiB of float64): ~20,000 requests of azure-conv
     MERGE_MIN = 1 << 20  # counts mode: samples pending before they are folded into the table
 
-    def __init__(self, num_requests: int) -> None:
+    def __init__(self, num_requests: int, max_out: array | None = None) -> None:
         self.values = array("d")  # exact mode: samples in finish order; counts mode: not yet merged
-        self.offset = np.full(num_requests, -1, dtype=np.int64)
-        self.count = np.zeros(num_requests, dtype=np.int32)
+        # `max_out[row]` gets each added row's largest sample (the table's max_itl_s column), computed
+        # for many rows at once (`write_max`): a numpy maximum per request cost about 4 us. `_rows` and
+        # `_lens` are the added rows (with samples) whose maximum is not written yet, their samples
+        # in `values` from `_start` on, one row after another.
+        self.max_out = max_out
+        self._rows = array("q")
+        self._lens = array("q")
+        self._start = 0
+        # each row's (offset, count) in `values` (exact mode): arrays stored into by `add`, read as
+        # numpy views of the same memory (see RequestTable's outcome columns)
+        self._offset: array | None = array("q", [-1]) * num_requests
+        self._count: array | None = array("i", [0]) * num_requests
+        self.offset = np.frombuffer(self._offset, dtype=np.int64)
+        self.count = np.frombuffer(self._count, dtype=np.int32)
         self.exact = True
-        self.distinct: np.ndarray | None = None  # counts mode: sorted distinct values ...
-        self.counts: np.ndarray | None = None  # ... and how many samples have each
+        # counts mode: sorted (distinct values, how many samples have each) tables, largest first;
+        # `_table()` folds them into one (see `_merge`)
+        self._tables: list[tuple[np.ndarray, np.ndarray]] = []
 
     def add(self, row: int, itls: array) -> None:
+        if self.max_out is not None and len(itls):
+            self._rows.append(row)
+            self._lens.append(len(itls))
         if self.exact:
-            self.offset[row] = len(self.values)
-            self.count[row] = len(itls)
+            self._offset[row] = len(self.values)
+            self._count[row] = len(itls)
             self.values.extend(itls)
             if len(self.values) > self.EXACT_LIMIT:
                 self.exact = False
                 self.offset = self.count = None
+                self._offset = self._count = None
                 self._merge()
             return
         self.values.extend(itls)
         if len(self.values) >= self.MERGE_MIN:
             self._merge()
 
+    def write_max(self) -> None:
+        """Write the pending rows' largest samples into `max_out` (numpy's maximum of each row's
+        samples: the same float as the builtin max over them)."""
+        if not len(self._rows):
+            return
+        src = np.frombuffer(self.values, dtype=np.float64)[self._start:]
+        lens = np.frombuffer(self._lens, dtype=np.int64)
+        starts = np.cumsum(lens) - lens
+        out = np.frombuffer(self.max_out, dtype=np.float64)
+        out[np.frombuffer(self._rows, dtype=np.int64)] = np.maximum.reduceat(src, starts)
+        self._start = len(self.values)
+        self._rows = array("q")
+        self._lens = array("q")
+
     def _merge(self) -> None:
-        """Fold the pending samples into the sorted (distinct, counts) table, in place where a
-        value is already there; new values are inserted (one copy of the table)."""
+        """Turn the pending samples into a sorted (distinct, counts) table on the stack of tables,
+        then fold the top two together while the newer is at least half the older's size (a
+        binary counter: a value is copied about log2(blocks) times; folding every block into one
+        growing table copied the whole table, millions of values, at each block). The tables
+        folded in any order give the same final table: the sorted distinct values and their counts."""
+        self.write_max()  # (before the pending samples are folded in: they hold each row's own)
         new, counts = np.unique(np.frombuffer(self.values, dtype=np.float64), return_counts=True)
         self.values = array("d")
-        if self.distinct is None or not len(self.distinct):
-            self.distinct, self.counts = new, counts.astype(np.int64)
-            return
-        at = np.searchsorted(self.distinct, new)
-        hit = at < len(self.distinct)
-        hit[hit] = self.distinct[at[hit]] == new[hit]
-        self.counts[at[hit]] += counts[hit]  # distinct positions: `new` has no repeats
-        miss = ~hit
-        if miss.any():
-            self.distinct = np.insert(self.distinct, at[miss], new[miss])
-            self.counts = np.insert(self.counts, at[miss], counts[miss])
+        self._start = 0
+        tables = self._tables
+        tables.append((new, counts.astype(np.int64)))
+        while len(tables) > 1 and 2 * len(tables[-1][0]) >= len(tables[-2][0]):
+            newer = tables.pop()
+            tables.append(_fold(tables.pop(), newer))
+
+    def _table(self) -> tuple[np.ndarray, np.ndarray]:
+        """Every merged sample as one sorted (distinct values, counts) table."""
+        if self.values:
+            self._merge()
+        tables = self._tables
+        while len(tables) > 1:
+            newer = tables.pop()
+            tables.append(_fold(tables.pop(), newer))
+        return tables[0] if tables else (np.zeros(0), np.zeros(0, dtype=np.int64))
 
     def of_row(self, row: int) -> np.ndarray | None:
         """A finished request's samples (exact mode), else None."""
@@ -132,10 +172,8 @@ class ItlPool:
         """The samples of `rows` (finished requests, in order), in ms: an array in exact mode,
         else `ItlCounts` over every finished request."""
         if not self.exact:
-            if self.values:
-                self._merge()
-            return ItlCounts(self.distinct * 1e3 if self.distinct is not None else np.zeros(0),
-                             self.counts if self.counts is not None else np.zeros(0, dtype=np.int64))
+            distinct, counts = self._table()
+            return ItlCounts(distinct * 1e3, counts)
         src = np.frombuffer(self.values, dtype=np.float64)
         counts = self.count[rows].astype(np.int64)
         out = np.empty(int(counts.sum()), dtype=np.float64)
@@ -145,6 +183,24 @@ class ItlPool:
             pos += k
         out *= 1e3
         return out
+
+
+def _fold(older: tuple, newer: tuple) -> tuple:
+    """Two sorted (distinct, counts) tables as one: `newer`'s counts added in place where `older`
+    has the value, its other values inserted (one copy of `older`, which this consumes)."""
+    distinct, counts = older
+    new, new_counts = newer
+    if not len(distinct):
+        return newer
+    at = np.searchsorted(distinct, new)
+    hit = at < len(distinct)
+    hit[hit] = distinct[at[hit]] == new[hit]
+    counts[at[hit]] += new_counts[hit]  # distinct positions: `new` has no repeats
+    miss = ~hit
+    if miss.any():
+        distinct = np.insert(distinct, at[miss], new[miss])
+        counts = np.insert(counts, at[miss], new_counts[miss])
+    return distinct, counts
 
 
 class ItlCounts:
@@ -193,6 +249,22 @@ class RequestRecord:
         return f"RequestRecord({self.rid}, out={self.out_len}/{self.max_new}, {self.state})"
 
 
+# The outcome columns a request's hand-off writes: array typecode and initial value (int8, int32
+# and float64 as numpy reads them, see _DTYPE); NaN: not reached (no token, not admitted)
+OUTCOME_COLUMNS = {
+    "state": ("b", 0), "admit_s": ("d", math.nan), "first_token_s": ("d", math.nan), "finish_s": ("d", math.nan),
+    "generated_tokens": ("i", 0), "num_chunks": ("i", 0), "num_retractions": ("i", 0), "slot": ("i", -1),
+    "replica": ("i", 0), "kv_held": ("i", 0), "prefix_len": ("i", 0), "max_itl_s": ("d", math.nan),
+    "cached_tokens": ("i", 0),
+}
+assert array("i").itemsize == 4 and array("b").itemsize == 1 and array("q").itemsize == 8
+_DTYPE = {"b": "int8", "i": "int32", "d": "float64", "q": "int64"}
+
+
+def _filled(code: str, n: int, fill) -> array:
+    return array(code, [fill]) * n
+
+
 def _opt(v: float):
     return None if v != v else v
 
@@ -226,19 +298,19 @@ class RequestTable:
         max_new = np.maximum(1, np.minimum(output, max_req_len - prompt_len - 1))
         self.next_row = 0  # rows below it have been made
         self.live: dict[int, Req] = {}  # row -> Req: made, not finished (in arrival order)
-        self.itls = ItlPool(n)
-        nan = np.full(n, np.nan)
+        # The outcome columns are `array`s that `_record` stores into (an item store on an array
+        # costs a fraction of a numpy scalar store, and a request makes a dozen), read as numpy
+        # views of the same memory (`columns`; the arrays are never resized, so the views stay valid)
+        self._out = {name: _filled(code, n, fill) for name, (code, fill) in OUTCOME_COLUMNS.items()}
+        outcome = {name: np.frombuffer(a, dtype=_DTYPE[a.typecode]) for name, a in self._out.items()}
+        # (the finished requests' largest gaps: written by the pool, from the gaps it is handed)
+        self.itls = ItlPool(n, self._out["max_itl_s"] if itls else None)
         self.columns: dict[str, np.ndarray] = {
             "req_id": requests.req_id, "arrival_s": requests.arrival_s if sent_s is None else sent_s,
             "prompt_tokens": prompt,
             "output_tokens": output, "prompt_len": prompt_len, "max_new_tokens": max_new,
             "truncated_prompt": prompt > max_req_input_len, "clipped_output": max_new < output,
-            "state": np.zeros(n, dtype=np.int8), "admit_s": nan, "first_token_s": nan.copy(),
-            "finish_s": nan.copy(), "generated_tokens": np.zeros(n, dtype=np.int32),
-            "num_chunks": np.zeros(n, dtype=np.int32), "num_retractions": np.zeros(n, dtype=np.int32),
-            "slot": np.full(n, -1, dtype=np.int32), "replica": np.zeros(n, dtype=np.int32),
-            "kv_held": np.zeros(n, dtype=np.int32), "prefix_len": np.zeros(n, dtype=np.int32),
-            "max_itl_s": nan.copy(), "cached_tokens": np.zeros(n, dtype=np.int32),
+            **outcome,
         }
 
     def __len__(self) -> int:
@@ -250,8 +322,9 @@ class RequestTable:
 
     def make(self, row: int) -> Req:
         inp = self.inputs
-        req = Req(int(inp.req_id[row]), float(inp.arrival_s[row]), int(inp.prompt_tokens[row]),
-                  int(inp.output_tokens[row]), self.max_req_input_len, self.max_req_len)
+        # (`item` gives the Python int or float itself, without a numpy scalar on the way)
+        req = Req(inp.req_id.item(row), inp.arrival_s.item(row), inp.prompt_tokens.item(row),
+                  inp.output_tokens.item(row), self.max_req_input_len, self.max_req_len)
         req.row = row
         req.keep_itls = self.keep_itls
         if inp.pieces is not None:
@@ -260,8 +333,10 @@ class RequestTable:
         self.next_row = row + 1
         return req
 
-    def _record(self, req: Req, gaps=None) -> None:
-        c, i = self.columns, req.row
+    def _record(self, req: Req, gaps=None, pooled: bool = False) -> None:
+        """Copy `req`'s outcome into the columns (`pooled`: its gaps go to the ITL pool, which
+        writes their maximum)."""
+        c, i = self._out, req.row
         c["state"][i] = _STATE_CODE[req.state]
         first, finish = req.first_token_s, req.finish_s
         fe = self.frontend
@@ -280,13 +355,13 @@ class RequestTable:
         c["kv_held"][i] = req.kv_held
         c["prefix_len"][i] = req.prefix_len
         c["cached_tokens"][i] = req.cached_tokens
-        if gaps is not None and len(gaps) and self.keep_itls:
+        if gaps is not None and len(gaps) and self.keep_itls and not pooled:
             c["max_itl_s"][i] = max(gaps)
         return gaps
 
     def finish(self, req: Req) -> None:
         """The hand-off of a finished request: its outcome to the columns, its gaps to the pool."""
-        gaps = self._record(req, req.itls)
+        gaps = self._record(req, req.itls, pooled=self.keep_itls)
         if self.keep_itls:
             self.itls.add(req.row, gaps if isinstance(gaps, array) else array("d", gaps))
         req.itls = array("d")  # the pool has them; the scheduler may still hold the Req a while
@@ -294,6 +369,7 @@ class RequestTable:
 
     def close(self) -> None:
         """The end of the run: record the requests still inside as they stand."""
+        self.itls.write_max()  # (the finished requests' largest gaps still pending)
         for req in self.live.values():
             req.settle()  # (tokens of an open decode segment: state.Req)
             self._record(req, req.itls)
@@ -343,25 +419,25 @@ class LazyQueue:
     """The not yet delivered rows of a table, as the deque of `Req`s the inbox used to hold:
     `queue[0]` makes the head's `Req` (once), `popleft()` hands it over."""
 
-    __slots__ = ("table", "head")
+    __slots__ = ("table", "head", "n")
 
     def __init__(self, table: RequestTable) -> None:
         self.table = table
         self.head: Req | None = None
+        self.n = len(table)  # (a table's rows are fixed: asked once, not at every arrival)
 
     def __len__(self) -> int:
-        t = self.table
-        return len(t) - t.next_row + (self.head is not None)
+        return self.n - self.table.next_row + (self.head is not None)
 
     def __bool__(self) -> bool:
-        return self.head is not None or self.table.next_row < len(self.table)
+        return self.head is not None or self.table.next_row < self.n
 
     def __getitem__(self, i: int) -> Req:
         if i != 0:
             raise IndexError("only the head of the inbox is visible")
         if self.head is None:
             t = self.table
-            if t.next_row >= len(t):
+            if t.next_row >= self.n:
                 raise IndexError("empty inbox")
             self.head = t.make(t.next_row)
         return self.head
