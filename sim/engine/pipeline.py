@@ -470,7 +470,8 @@ class Pipeline:
     def stage_busy(self) -> Any:
         return self.log.stage_busy
 
-    def _record(self, k, slot, start, end, mb, kv_used, kv_active) -> None:
+    def _record(self, k: int, slot: int, start: float, end: float, mb: MicroBatch | None, kv_used: int,
+                kv_active: int) -> None:
         sched = self.sched
         used = sched.kv_capacity - sched.kv_free
         if used > self.kv_peak or kv_used > self.kv_peak:

@@ -130,11 +130,16 @@ class StageTimer:
         x = st.num_prefill
         npre: int = x if isinstance(x, int) else int(x)
         c2 = cp = ctx = 0.0
+        # (float(x) twice over: compiled, the branch where x is known to be an int converts it
+        # without calling the builtin; the other one takes numpy integers)
         if npre:
-            c2 = float(st.sum_c2)
-            cp = float(st.sum_cp)
+            x = st.sum_c2
+            c2 = float(x) if isinstance(x, int) else float(x)
+            x = st.sum_cp
+            cp = float(x) if isinstance(x, int) else float(x)
         if nd:
-            ctx = float(st.sum_decode_ctx)
+            x = st.sum_decode_ctx
+            ctx = float(x) if isinstance(x, int) else float(x)
         att = self._attention_ms(npre, float(pt) if npre else 0.0, c2, cp, nd, ctx) / 1e3
         # same order of additions as StepTime.total_s
         times = tuple([lin + n * att + comm + ov for n, lin, comm, ov in parts])

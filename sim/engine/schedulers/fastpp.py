@@ -20,17 +20,18 @@ from __future__ import annotations
 from array import array
 from itertools import islice
 from operator import itemgetter
-from typing import Any
+from typing import Any, Final
 
 from sim.engine.state import DECODE, EXTEND, FINISHED, MIXED, RUNNING, WAITING, MicroBatch, Req, lengths
 from sim.engine.waiting import WaitingQueue
 
 # SGLang / FastPP constants (python/sglang/global_config.py, schedule_policy.py).
-CLIP_MAX_NEW_TOKENS = 4096
-RETRACT_DECODE_STEPS = 20
-INIT_NEW_TOKEN_RATIO = 0.7
-MIN_NEW_TOKEN_RATIO = 0.7 * 0.14
-NEW_TOKEN_RATIO_DECAY = (INIT_NEW_TOKEN_RATIO - MIN_NEW_TOKEN_RATIO) / 600
+# (Final: compiled, they are constants, not a lookup in the module's dictionary at every use)
+CLIP_MAX_NEW_TOKENS: Final = 4096
+RETRACT_DECODE_STEPS: Final = 20
+INIT_NEW_TOKEN_RATIO: Final = 0.7
+MIN_NEW_TOKEN_RATIO: Final = 0.7 * 0.14
+NEW_TOKEN_RATIO_DECAY: Final = (INIT_NEW_TOKEN_RATIO - MIN_NEW_TOKEN_RATIO) / 600
 
 CONTINUE, NO_TOKEN, OTHER = "continue", "no_token", "other"
 
