@@ -27,8 +27,10 @@ class WaitingQueue(deque):
         self.prefix_tokens: deque[int] = deque()
         self.remaining_tokens: deque[int] = deque()
 
+    # (the deque's own methods are called as deque.append(self, ...): super() made an object per call,
+    # and append/popleft run once per request)
     def append(self, req: Req) -> None:
-        super().append(req)
+        deque.append(self, req)
         self.prompt_tokens += req.prompt_len
         self.arrival_s.append(req.arrival_s)
         self.prefix_tokens.append(req.prefix_len)
@@ -39,7 +41,7 @@ class WaitingQueue(deque):
             self.append(req)
 
     def popleft(self) -> Req:
-        req = super().popleft()
+        req = deque.popleft(self)
         self.prompt_tokens -= req.prompt_len
         self.arrival_s.popleft()
         self.prefix_tokens.popleft()
