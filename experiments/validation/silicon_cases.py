@@ -97,7 +97,7 @@ def case(cid: str, r: dict, kind: str) -> str:
         workload = ['source = "fixed"']
     else:
         # kimbochen/bench_serving benchmark_serving.py (cloned by the scripts): sample_random_requests draws
-        # input_lens = np.random.randint(int(ISL r), ISL + 1) and output_lens alike (SGLang's definition), and
+        # input_lens uniform on the integers [int(ISL r), ISL] (numpy's randint) and output_lens alike (SGLang's definition), and
         # `benchmark` runs --max-concurrency clients over --num-prompts requests sent at once (--request-rate inf)
         client = (f"InferenceMAX's: python3 bench_serving/benchmark_serving.py (github.com/kimbochen/bench_serving) "
                   f"--backend vllm --dataset-name random --random-input-len {isl} --random-output-len {osl} "
